@@ -1,0 +1,32 @@
+"""fallback-locks: named locks shared by processes and hosts, over Redis, ZooKeeper,
+databases or a local fallback, behind one protocol."""
+
+from locks.errors import (
+    AllBackendsUnavailable,
+    BackendUnavailable,
+    ConfigError,
+    LockError,
+    LockLost,
+    LockNotOwned,
+    LockTimeout,
+)
+from locks.events import Event, EventKind, add_observer, remove_observer
+from locks.provider import Capabilities, Lease, Lock, LockProvider
+
+__all__ = [
+    "AllBackendsUnavailable",
+    "BackendUnavailable",
+    "Capabilities",
+    "ConfigError",
+    "Event",
+    "EventKind",
+    "Lease",
+    "Lock",
+    "LockError",
+    "LockLost",
+    "LockNotOwned",
+    "LockProvider",
+    "LockTimeout",
+    "add_observer",
+    "remove_observer",
+]

@@ -1,0 +1,284 @@
+"""Redis backends: `redis` (SET NX PX, one token per grant) and `redis-hash` (Redisson's
+reentrant hash). Both take the fence in the acquire script, wait through pub/sub with
+every wait bounded by the key's PTTL, and report a dead server as `BackendUnavailable`
+within the configured socket timeouts."""
+
+from __future__ import annotations
+
+import time
+from abc import abstractmethod
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+import redis
+from redis.backoff import NoBackoff
+from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import ReadOnlyError
+from redis.exceptions import TimeoutError as RedisTimeoutError
+from redis.retry import Retry
+
+from locks.backends import redis_scripts as scripts
+from locks.backends.redis_notify import ReleaseNotifier
+from locks.base import Grant, ProviderBase
+from locks.errors import BackendUnavailable
+from locks.names import check_name, check_seconds, redis_hash_tag
+from locks.provider import Capabilities, Lease
+
+# errors meaning "this Redis cannot serve us now"; anything else is a bug worth raising
+_UNAVAILABLE = (RedisConnectionError, RedisTimeoutError, ReadOnlyError, OSError)
+
+
+@dataclass(frozen=True, slots=True)
+class _Keys:
+    lock: str
+    fence: str
+    channel: str
+
+
+class _RedisProviderBase(ProviderBase):
+    """What the two Redis algorithms share: client, keys, waiting, error translation."""
+
+    type_name: ClassVar[str]
+
+    def __init__(
+        self,
+        url: str = "redis://127.0.0.1:6379/0",
+        *,
+        client: redis.Redis | None = None,
+        name: str | None = None,
+        prefix: str = "locks",
+        watchdog_ttl: float = 30.0,
+        socket_timeout: float = 0.5,
+        connect_timeout: float = 0.25,
+        max_connections: int = 50,
+        pool_timeout: float = 5.0,
+        fence_ttl: float = 7 * 24 * 3600.0,
+    ) -> None:
+        super().__init__(self.type_name if name is None else name, watchdog_ttl)
+        prefix = check_name(prefix, "prefix")
+        if "{" in prefix or "}" in prefix:
+            raise ValueError("prefix must not contain '{' or '}': they would move the hash tag")
+        self.prefix = prefix
+        self.fence_ttl_ms = _ms(check_seconds(fence_ttl, "fence_ttl"))
+        socket_timeout = check_seconds(socket_timeout, "socket_timeout")
+        self._owns_client = client is None
+        if client is None:
+            if not isinstance(url, str):
+                raise TypeError(f"url must be a str, not {type(url).__name__}")
+            pool = redis.BlockingConnectionPool.from_url(
+                url,
+                max_connections=max_connections,
+                timeout=check_seconds(pool_timeout, "pool_timeout"),
+                socket_timeout=socket_timeout,
+                socket_connect_timeout=check_seconds(connect_timeout, "connect_timeout"),
+                retry=Retry(NoBackoff(), 0),  # the chain decides about retries, not redis-py
+            )
+            client = redis.Redis(connection_pool=pool)
+        elif not isinstance(client, redis.Redis):
+            raise TypeError(f"client must be a redis.Redis, not {type(client).__name__}")
+        self.client = client
+        self.address = _address(client)
+        self._notifier = ReleaseNotifier(client, self._unavailable, confirm_timeout=socket_timeout)
+        self._register_scripts(client)
+
+    # -- the algorithm's part -----------------------------------------------------------
+
+    @abstractmethod
+    def _register_scripts(self, client: redis.Redis) -> None: ...
+
+    @abstractmethod
+    def _attempt(self, keys: _Keys, owner: str, token: str, ttl_ms: int) -> tuple[int, Any]:
+        """One try: (1, Grant fields) when taken; (0, pttl) when held by another owner;
+        (2, pttl) when held by this owner on a non-reentrant backend."""
+
+    # -- shared ------------------------------------------------------------------------------
+
+    def _keys(self, key: str) -> _Keys:
+        base = f"{self.prefix}:{{{redis_hash_tag(key)}}}"
+        return _Keys(base, base + ":fence", base + ":released")
+
+    def _acquire(
+        self, key: str, owner: str, token: str, ttl: float, deadline: float | None
+    ) -> Grant | None:
+        keys = self._keys(key)
+        ttl_ms = _ms(ttl)
+        grant_or_pttl = self._try(keys, owner, token, ttl_ms, deadline)
+        if not isinstance(grant_or_pttl, int):
+            return grant_or_pttl
+        with self._notifier.waiting(keys.channel, deadline) as waiter:
+            while True:
+                grant_or_pttl = self._try(keys, owner, token, ttl_ms, deadline)
+                if not isinstance(grant_or_pttl, int):
+                    return grant_or_pttl
+                # a lost wake-up costs at most the holder's remaining ttl
+                pause = grant_or_pttl / 1000 if grant_or_pttl > 0 else 0.01
+                if deadline is not None:
+                    pause = min(pause, deadline - time.monotonic())
+                waiter.wait(pause)
+
+    def _try(
+        self, keys: _Keys, owner: str, token: str, ttl_ms: int, deadline: float | None
+    ) -> Grant | int | None:
+        """A Grant, None (give up), or the ms to wait before the next try."""
+        sent_at = time.monotonic()
+        try:
+            status, detail = self._attempt(keys, owner, token, ttl_ms)
+        except _UNAVAILABLE as exc:
+            raise self._unavailable(exc, ambiguous=True, key=keys.lock, token=token) from exc
+        if status == 1:
+            fence, depth, period_token = detail
+            return Grant(period_token, fence, depth, sent_at)
+        if deadline is not None and time.monotonic() >= deadline:
+            return None
+        if status == 2 and deadline is None:
+            return None  # waiting forever for ourselves would never end
+        return int(detail)
+
+    def _script(self, script: Any, keys: list[str], args: list[Any]) -> Any:
+        try:
+            return script(keys, args)
+        except _UNAVAILABLE as exc:
+            raise self._unavailable(exc) from exc
+
+    def _unavailable(
+        self,
+        exc: Exception,
+        *,
+        ambiguous: bool = False,
+        key: str | None = None,
+        token: str | None = None,
+    ) -> BackendUnavailable:
+        """The one place a redis-py error becomes ours: names host:port, never the password."""
+        detail = str(exc)
+        password = self.client.connection_pool.connection_kwargs.get("password")
+        if password:
+            detail = detail.replace(str(password), "***")
+        return BackendUnavailable(
+            f"{self.type_name} backend {self.name!r} at {self.address} is unavailable: "
+            f"{type(exc).__name__}: {detail}",
+            backend=self.name,
+            address=self.address,
+            ambiguous=ambiguous,
+            key=key,
+            token=token,
+        )
+
+    def ping(self) -> None:
+        try:
+            self.client.ping()
+        except _UNAVAILABLE as exc:
+            raise self._unavailable(exc) from exc
+
+    def close(self) -> None:
+        super().close()
+        self._notifier.close()
+        if self._owns_client:
+            self.client.close()
+            self.client.connection_pool.disconnect()
+
+
+class RedisProvider(_RedisProviderBase):
+    """Type `redis`: `SET key owner/token NX PX`, Lua compare-and-delete. Not reentrant."""
+
+    type_name = "redis"
+    capabilities = Capabilities(
+        reentrant=False,
+        expires=True,
+        renewable=True,
+        fair=False,
+        fenced=True,
+        cross_process=True,
+        cross_host=True,
+    )
+
+    def _register_scripts(self, client: redis.Redis) -> None:
+        self._acquire_script = client.register_script(scripts.PLAIN_ACQUIRE)
+        self._release_script = client.register_script(scripts.PLAIN_RELEASE)
+        self._extend_script = client.register_script(scripts.PLAIN_EXTEND)
+
+    def _attempt(self, keys: _Keys, owner: str, token: str, ttl_ms: int) -> tuple[int, Any]:
+        status, detail = self._acquire_script(
+            [keys.lock, keys.fence], [f"{owner}/{token}", ttl_ms, self.fence_ttl_ms, owner + "/"]
+        )
+        return (1, (detail, 1, token)) if status == 1 else (status, detail)
+
+    def _release(self, lease: Lease) -> bool:
+        keys = self._keys(lease.key)
+        args = [_plain_value(lease), keys.channel]
+        return bool(self._script(self._release_script, [keys.lock], args) == 1)
+
+    def _extend(self, lease: Lease, ttl: float) -> bool:
+        args = [_plain_value(lease), _ms(ttl)]
+        return bool(self._script(self._extend_script, [self._keys(lease.key).lock], args) == 1)
+
+    def _is_held(self, lease: Lease) -> bool:
+        try:
+            value = self.client.get(self._keys(lease.key).lock)
+        except _UNAVAILABLE as exc:
+            raise self._unavailable(exc) from exc
+        return _text(value) == _plain_value(lease)
+
+
+class RedisHashProvider(_RedisProviderBase):
+    """Type `redis-hash`: Redisson's algorithm, reentrant per owner."""
+
+    type_name = "redis-hash"
+    capabilities = Capabilities(
+        reentrant=True,
+        expires=True,
+        renewable=True,
+        fair=False,
+        fenced=True,
+        cross_process=True,
+        cross_host=True,
+    )
+
+    def _register_scripts(self, client: redis.Redis) -> None:
+        self._acquire_script = client.register_script(scripts.HASH_ACQUIRE)
+        self._release_script = client.register_script(scripts.HASH_RELEASE)
+        self._extend_script = client.register_script(scripts.HASH_EXTEND)
+
+    def _attempt(self, keys: _Keys, owner: str, token: str, ttl_ms: int) -> tuple[int, Any]:
+        reply = self._acquire_script(
+            [keys.lock, keys.fence], [token, ttl_ms, self.fence_ttl_ms, owner]
+        )
+        if reply[0] == 1:
+            return 1, (int(reply[1]), int(reply[2]), _text(reply[3]))
+        return 0, reply[1]
+
+    def _release(self, lease: Lease) -> bool:
+        keys = self._keys(lease.key)
+        args = [lease.owner, lease.token, keys.channel]
+        return int(self._script(self._release_script, [keys.lock], args)) >= 0
+
+    def _extend(self, lease: Lease, ttl: float) -> bool:
+        args = [lease.owner, lease.token, _ms(ttl)]
+        return bool(self._script(self._extend_script, [self._keys(lease.key).lock], args) == 1)
+
+    def _is_held(self, lease: Lease) -> bool:
+        try:
+            token, depth = self.client.hmget(self._keys(lease.key).lock, ["~token", lease.owner])
+        except _UNAVAILABLE as exc:
+            raise self._unavailable(exc) from exc
+        return _text(token) == lease.token and depth is not None
+
+
+def _plain_value(lease: Lease) -> str:
+    """What the `redis` backend stores: the owner first, so the acquire script can tell
+    the holder's own second acquire apart from contention."""
+    return f"{lease.owner}/{lease.token}"
+
+
+def _ms(seconds: float) -> int:
+    return max(1, round(seconds * 1000))
+
+
+def _text(value: Any) -> str | None:
+    return value.decode() if isinstance(value, bytes) else value
+
+
+def _address(client: redis.Redis) -> str:
+    kwargs = client.connection_pool.connection_kwargs
+    if "path" in kwargs:
+        return f"unix:{kwargs['path']}"
+    return f"{kwargs.get('host', 'localhost')}:{kwargs.get('port', 6379)}"

@@ -1,0 +1,105 @@
+"""Lua scripts of the Redis backends, loaded once per client and called by SHA.
+
+Every script touches only keys of one lock, which share a hash tag, so all of them
+run on Redis Cluster. The release channel is passed in ARGV: channels are not keys.
+
+Fence rule (shared by both acquire scripts): the fence key remembers the last fence
+of a lock for `fence_ttl` after its last grant, then expires so that Redis memory
+does not grow with the number of names ever used. A grant's fence is
+max(previous + 1, server time in microseconds): strictly increasing while the
+counter lives, and, after it expired, restarted above every fence it handed out.
+"""
+
+# Computes the next fence into `fence`. KEYS[2] = fence key, ARGV[3] = fence ttl (ms).
+_NEXT_FENCE = """
+local now = redis.call('TIME')
+local fence = tonumber(now[1]) * 1000000 + tonumber(now[2])
+local previous = tonumber(redis.call('GET', KEYS[2]) or '0')
+if previous >= fence then fence = previous + 1 end
+redis.call('SET', KEYS[2], string.format('%d', fence), 'PX', ARGV[3])
+"""
+
+# KEYS: lock, fence.  ARGV: value (owner .. '/' .. token), ttl ms, fence ttl ms, owner .. '/'
+# Returns {1, fence} when taken; {0, pttl} when another owner holds it;
+#         {2, pttl} when this owner already holds it (not reentrant: a caller that
+#         waits forever for itself would deadlock).
+PLAIN_ACQUIRE = (
+    """
+if redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then
+"""
+    + _NEXT_FENCE
+    + """
+  return {1, fence}
+end
+local holder = redis.call('GET', KEYS[1])
+local pttl = redis.call('PTTL', KEYS[1])
+if holder and string.sub(holder, 1, string.len(ARGV[4])) == ARGV[4] then return {2, pttl} end
+return {0, pttl}
+"""
+)
+
+# KEYS: lock.  ARGV: value, channel.  Returns 1 if released, 0 if not held under value.
+PLAIN_RELEASE = """
+if redis.call('GET', KEYS[1]) == ARGV[1] then
+  redis.call('DEL', KEYS[1])
+  redis.call('PUBLISH', ARGV[2], '1')
+  return 1
+end
+return 0
+"""
+
+# KEYS: lock.  ARGV: value, ttl ms.  Returns 1 if extended, 0 if not held under value.
+PLAIN_EXTEND = """
+if redis.call('GET', KEYS[1]) == ARGV[1] then
+  return redis.call('PEXPIRE', KEYS[1], ARGV[2])
+end
+return 0
+"""
+
+# The Redisson hash: field <owner> = depth, plus '~token' and '~fence' for the ownership
+# period (owner ids never start with '~'), so a stale lease of an earlier period of the
+# same owner cannot release or renew the current one.
+# KEYS: lock, fence.  ARGV: token, ttl ms, fence ttl ms, owner
+# Returns {1, fence, depth, token} when taken or re-entered; {0, pttl} when held by another.
+HASH_ACQUIRE = (
+    """
+if redis.call('EXISTS', KEYS[1]) == 0 then
+"""
+    + _NEXT_FENCE
+    + """
+  redis.call('HSET', KEYS[1], ARGV[4], 1, '~token', ARGV[1], '~fence', string.format('%d', fence))
+  redis.call('PEXPIRE', KEYS[1], ARGV[2])
+  return {1, fence, 1, ARGV[1]}
+end
+if redis.call('HEXISTS', KEYS[1], ARGV[4]) == 1 then
+  local depth = redis.call('HINCRBY', KEYS[1], ARGV[4], 1)
+  redis.call('PEXPIRE', KEYS[1], ARGV[2])
+  local period = redis.call('HMGET', KEYS[1], '~fence', '~token')
+  return {1, tonumber(period[1]), depth, period[2]}
+end
+return {0, redis.call('PTTL', KEYS[1])}
+"""
+)
+
+# KEYS: lock.  ARGV: owner, token, channel.
+# Returns -1 if not held by this period, else the depth left (0: deleted and published).
+HASH_RELEASE = """
+if redis.call('HGET', KEYS[1], '~token') ~= ARGV[2]
+   or redis.call('HEXISTS', KEYS[1], ARGV[1]) == 0 then
+  return -1
+end
+local depth = redis.call('HINCRBY', KEYS[1], ARGV[1], -1)
+if depth > 0 then return depth end
+redis.call('DEL', KEYS[1])
+redis.call('PUBLISH', ARGV[3], '1')
+return 0
+"""
+
+# KEYS: lock.  ARGV: owner, token, ttl ms.  Returns 1 if extended, 0 if not held.
+HASH_EXTEND = """
+if redis.call('HGET', KEYS[1], '~token') == ARGV[2]
+   and redis.call('HEXISTS', KEYS[1], ARGV[1]) == 1 then
+  return redis.call('PEXPIRE', KEYS[1], ARGV[3])
+end
+return 0
+"""

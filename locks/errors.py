@@ -1,0 +1,60 @@
+"""The error hierarchy. Only `BackendUnavailable` makes a chain degrade."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+
+class LockError(Exception):
+    """Base of every error this library raises on purpose."""
+
+
+class LockTimeout(LockError):
+    """`wait` ran out while another owner held the lock. Never degrades a chain."""
+
+
+class LockNotOwned(LockError):
+    """Release or extend of a lease this owner no longer holds; nothing was changed."""
+
+
+class LockLost(LockError):
+    """The lease expired, its renewal failed, or it was released."""
+
+
+class BackendUnavailable(LockError):
+    """The backend could not be reached (refused, timed out, session lost).
+
+    `ambiguous` is True when the failed call was an acquire that may have reached
+    the server: the lock may have been taken under `token`, and whoever saw this
+    error should release that token on `backend` once it answers again.
+    """
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        backend: str,
+        address: str = "",
+        ambiguous: bool = False,
+        key: str | None = None,
+        token: str | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.backend = backend
+        self.address = address
+        self.ambiguous = ambiguous
+        self.key = key
+        self.token = token
+
+
+class AllBackendsUnavailable(BackendUnavailable):
+    """Every tier of a chain failed; `causes` maps each tier's name to its error."""
+
+    def __init__(self, chain: str, causes: Mapping[str, BaseException]) -> None:
+        detail = "; ".join(f"{tier}: {cause}" for tier, cause in causes.items())
+        super().__init__(f"every backend of {chain!r} is unavailable ({detail})", backend=chain)
+        self.causes = dict(causes)
+
+
+class ConfigError(LockError):
+    """Bad configuration: unknown key, backend type, backend or scenario name."""

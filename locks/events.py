@@ -1,0 +1,81 @@
+"""Observer hooks. Every provider reports what happens to its leases here; the
+default observer logs under the `locks` logger, others (metrics, tests) subscribe."""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass
+from enum import StrEnum
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from locks.provider import Lease
+
+logger = logging.getLogger("locks")
+
+
+class EventKind(StrEnum):
+    ACQUIRED = "acquired"
+    RELEASED = "released"
+    EXTENDED = "extended"
+    LOST = "lost"
+    BACKEND_ERROR = "backend_error"
+
+
+@dataclass(frozen=True, slots=True)
+class Event:
+    kind: EventKind
+    backend: str
+    key: str
+    lease: Lease | None = None
+    error: BaseException | None = None
+    # seconds waited before an acquire, or held before a release
+    duration: float | None = None
+
+
+Observer = Callable[[Event], None]
+
+_LEVELS = {
+    EventKind.ACQUIRED: logging.DEBUG,
+    EventKind.RELEASED: logging.DEBUG,
+    EventKind.EXTENDED: logging.DEBUG,
+    EventKind.LOST: logging.WARNING,
+    EventKind.BACKEND_ERROR: logging.WARNING,
+}
+
+
+def log_event(event: Event) -> None:
+    """The default observer: one line per event on the `locks` logger."""
+    level = _LEVELS[event.kind]
+    if not logger.isEnabledFor(level):
+        return
+    fence = f" fence={event.lease.fence}" if event.lease is not None else ""
+    error = f": {event.error}" if event.error is not None else ""
+    logger.log(level, "%s %s key=%r%s%s", event.backend, event.kind, event.key, fence, error)
+
+
+_observers: tuple[Observer, ...] = (log_event,)
+_observers_lock = threading.Lock()
+
+
+def add_observer(observer: Observer) -> None:
+    global _observers
+    with _observers_lock:
+        _observers = (*_observers, observer)
+
+
+def remove_observer(observer: Observer) -> None:
+    global _observers
+    with _observers_lock:
+        _observers = tuple(o for o in _observers if o is not observer)
+
+
+def emit(event: Event) -> None:
+    """Hand `event` to every observer; an observer's failure is logged, never raised."""
+    for observer in _observers:
+        try:
+            observer(event)
+        except Exception:
+            logger.exception("lock event observer %r failed", observer)

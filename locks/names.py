@@ -1,0 +1,61 @@
+"""Argument checks made before any I/O, and the encodings that keep names in their namespace."""
+
+from __future__ import annotations
+
+import math
+import unicodedata
+
+MAX_NAME_LENGTH = 255
+
+
+def check_name(name: object, argument: str = "key") -> str:
+    """Return `name` if it is a usable lock name, else raise naming `argument`."""
+    if not isinstance(name, str):
+        raise TypeError(f"{argument} must be a str, not {type(name).__name__}")
+    if not name:
+        raise ValueError(f"{argument} must not be empty")
+    if len(name) > MAX_NAME_LENGTH:
+        raise ValueError(
+            f"{argument} is {len(name)} characters long; the limit is {MAX_NAME_LENGTH}"
+        )
+    for char in name:
+        if unicodedata.category(char) in ("Cc", "Cs"):
+            raise ValueError(f"{argument} must not contain control characters (found {char!r})")
+    return name
+
+
+def check_ttl(ttl: object, argument: str = "ttl") -> float | None:
+    """`None` (watchdog lease) or a finite number of seconds > 0."""
+    if ttl is None:
+        return None
+    return _positive_seconds(ttl, argument, allow_zero=False)
+
+
+def check_wait(wait: object, argument: str = "wait") -> float | None:
+    """`None` (block until acquired) or a finite number of seconds >= 0."""
+    if wait is None:
+        return None
+    return _positive_seconds(wait, argument, allow_zero=True)
+
+
+def check_seconds(value: object, argument: str) -> float:
+    """A finite duration > 0 for a setting such as `watchdog_ttl` or a timeout."""
+    return _positive_seconds(value, argument, allow_zero=False)
+
+
+def _positive_seconds(value: object, argument: str, *, allow_zero: bool) -> float:
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise TypeError(f"{argument} must be a number of seconds, not {type(value).__name__}")
+    seconds = float(value)
+    if math.isnan(seconds) or math.isinf(seconds):
+        raise ValueError(f"{argument} must be finite, got {value!r}")
+    if seconds < 0 or (seconds == 0 and not allow_zero):
+        bound = ">= 0" if allow_zero else "> 0"
+        raise ValueError(f"{argument} must be {bound} seconds, got {value!r}")
+    return seconds
+
+
+def redis_hash_tag(name: str) -> str:
+    """`name` with braces escaped, so `{tag}` is the whole name and every key of a lock
+    lands in one Redis Cluster slot (a name like `}x` would otherwise leave an empty tag)."""
+    return name.replace("%", "%25").replace("{", "%7B").replace("}", "%7D")

@@ -1,0 +1,52 @@
+"""Who holds a lock: this process's identity plus a serial number per thread.
+
+Not `threading.get_ident()`: Python hands a finished thread's ident to the next
+thread, which would then re-enter a lock the dead thread never released. A
+forked child draws a new process identity, so it never believes it holds a
+lock its parent took.
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+import secrets
+import threading
+
+_process_id = secrets.token_hex(16)
+_serials = itertools.count(1)
+_local = threading.local()
+
+
+def _new_process_identity() -> None:
+    global _process_id, _serials, _local
+    _process_id = secrets.token_hex(16)
+    _serials = itertools.count(1)
+    _local = threading.local()
+
+
+os.register_at_fork(after_in_child=_new_process_identity)
+
+
+def process_id() -> str:
+    """This process's identity: random, never reused, new in a forked child."""
+    return _process_id
+
+
+def current_owner() -> str:
+    """The calling thread's owner id, `<process id>:<thread serial>`."""
+    owner: str | None = getattr(_local, "owner", None)
+    if owner is None:
+        owner = f"{_process_id}:{next(_serials)}"
+        _local.owner = owner
+    return owner
+
+
+def in_this_process(owner: str) -> bool:
+    """Whether `owner` was issued by this process (False in a forked child)."""
+    return owner.startswith(_process_id) and owner[len(_process_id) : len(_process_id) + 1] == ":"
+
+
+def new_token() -> str:
+    """A fresh random token for one acquisition."""
+    return secrets.token_hex(16)

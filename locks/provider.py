@@ -1,0 +1,250 @@
+"""The protocol every backend and chain implements, the lease it grants, and the
+user-facing `Lock` handle."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from enum import Enum
+from types import TracebackType
+from typing import Protocol, runtime_checkable
+
+from locks.errors import LockLost, LockTimeout
+from locks.names import check_name, check_ttl, check_wait
+from locks.owner import in_this_process
+
+
+@dataclass(frozen=True, slots=True)
+class Capabilities:
+    """What a backend guarantees; the contract suite runs only the tests that apply."""
+
+    reentrant: bool
+    expires: bool  # a lease ends by itself after its ttl (False: bound to a thread or session)
+    renewable: bool  # ttl=None leases are kept alive by the watchdog
+    fair: bool  # waiters are served first come, first served
+    fenced: bool  # every grant carries a strictly increasing fence
+    cross_process: bool
+    cross_host: bool
+
+    def __and__(self, other: Capabilities) -> Capabilities:
+        """What two backends both guarantee: a chain offers the intersection of its tiers."""
+        return Capabilities(
+            **{name: getattr(self, name) and getattr(other, name) for name in _CAPABILITY_NAMES}
+        )
+
+
+_CAPABILITY_NAMES = tuple(Capabilities.__dataclass_fields__)
+
+LostCallback = Callable[["Lease"], None]
+
+
+class LeaseState:
+    """The parts of a lease that change after it is granted, guarded by one lock and
+    written only by its provider and the watchdog."""
+
+    __slots__ = ("_callbacks", "_lock", "ended", "lost", "reason", "valid_until")
+
+    def __init__(self, valid_until: float | None, on_lost: LostCallback | None = None) -> None:
+        self._lock = threading.Lock()
+        self.valid_until = valid_until
+        self.lost = False
+        self.ended = False  # released by its holder
+        self.reason = ""
+        self._callbacks: list[LostCallback] = [] if on_lost is None else [on_lost]
+
+    def renewed(self, valid_until: float) -> None:
+        with self._lock:
+            if not self.lost:
+                self.valid_until = valid_until
+
+    def end(self) -> None:
+        with self._lock:
+            self.ended = True
+
+    def mark_lost(self, reason: str) -> list[LostCallback] | None:
+        """Mark the lease lost and return the callbacks to run; None if it already ended."""
+        with self._lock:
+            if self.lost or self.ended:
+                return None
+            self.lost = True
+            self.reason = reason
+            callbacks, self._callbacks = self._callbacks, []
+            return callbacks
+
+
+@dataclass(frozen=True, slots=True)
+class Lease:
+    """One grant of a lock. `acquired_at` is `time.monotonic()` when the acquire request
+    was sent; `ttl` is the lease length in force (the watchdog ttl when `auto_renew`)."""
+
+    key: str
+    backend: str
+    owner: str
+    token: str
+    fence: int
+    ttl: float
+    depth: int
+    acquired_at: float
+    auto_renew: bool
+    state: LeaseState = field(compare=False, repr=False)
+
+    @property
+    def lost(self) -> bool:
+        return self.state.lost
+
+    @property
+    def valid_until(self) -> float | None:
+        """Monotonic time after which the backend may hand the lock to someone else."""
+        return self.state.valid_until
+
+    @property
+    def drift(self) -> float:
+        """Safety margin for clock drift and the last round trip (1% of ttl + 2 ms)."""
+        return self.ttl * 0.01 + 0.002
+
+    def check(self) -> None:
+        """Raise `LockLost` unless this lease may still be relied on right now."""
+        state = self.state
+        where = f"lease on {self.key!r} from {self.backend!r}"
+        if not in_this_process(self.owner):
+            raise LockLost(f"{where} belongs to the parent of this forked process")
+        if state.lost:
+            raise LockLost(f"{where} was lost: {state.reason}")
+        if state.ended:
+            raise LockLost(f"{where} was released")
+        valid_until = state.valid_until
+        if valid_until is not None and time.monotonic() > valid_until - self.drift:
+            raise LockLost(f"{where} expired")
+
+
+@runtime_checkable
+class LockProvider(Protocol):
+    """A lock backend, or a chain of them. See DESIGN.md for the semantics."""
+
+    name: str
+
+    @property
+    def capabilities(self) -> Capabilities: ...
+
+    def acquire(
+        self,
+        key: str,
+        *,
+        ttl: float | None = None,
+        wait: float | None = None,
+        on_lost: LostCallback | None = None,
+    ) -> Lease | None: ...
+
+    def release(self, lease: Lease) -> None: ...
+
+    def extend(self, lease: Lease, ttl: float | None = None) -> Lease: ...
+
+    def is_held(self, lease: Lease) -> bool: ...
+
+    def ping(self) -> None: ...
+
+    def close(self) -> None: ...
+
+    def lock(
+        self,
+        key: str,
+        *,
+        ttl: float | None = None,
+        wait: float | None = None,
+        on_lost: LostCallback | None = None,
+    ) -> Lock: ...
+
+
+class _Default(Enum):
+    WAIT = "the handle's wait"
+
+
+class Lock:
+    """A named lock bound to a provider, used as `with provider.lock("order:1", wait=2) as lease:`.
+
+    One handle may be shared by threads like a `threading.Lock`: each thread's leases
+    are kept apart, and nested `with` blocks on a reentrant backend nest.
+    """
+
+    def __init__(
+        self,
+        provider: LockProvider,
+        key: str,
+        *,
+        ttl: float | None = None,
+        wait: float | None = None,
+        on_lost: LostCallback | None = None,
+    ) -> None:
+        self.provider = provider
+        self.key = check_name(key)
+        self.ttl = check_ttl(ttl)
+        self.wait = check_wait(wait)
+        self.on_lost = on_lost
+        self._held = threading.local()
+
+    def __repr__(self) -> str:
+        return (
+            f"Lock({self.key!r}, provider={self.provider.name!r}, ttl={self.ttl}, wait={self.wait})"
+        )
+
+    def _stack(self) -> list[Lease]:
+        stack: list[Lease] | None = getattr(self._held, "leases", None)
+        if stack is None:
+            stack = self._held.leases = []
+        return stack
+
+    @property
+    def lease(self) -> Lease | None:
+        """The calling thread's innermost lease from this handle, if any."""
+        stack = self._stack()
+        return stack[-1] if stack else None
+
+    def acquire(self, wait: float | _Default | None = _Default.WAIT) -> Lease | None:
+        """Acquire with the handle's `wait` (or the one given); `None` if it ran out."""
+        lease = self.provider.acquire(
+            self.key,
+            ttl=self.ttl,
+            wait=self.wait if isinstance(wait, _Default) else wait,
+            on_lost=self.on_lost,
+        )
+        if lease is not None:
+            self._stack().append(lease)
+        return lease
+
+    def release(self) -> None:
+        """Release the calling thread's innermost lease from this handle."""
+        stack = self._stack()
+        if not stack:
+            raise RuntimeError(f"{self!r} is not held by this thread")
+        self.provider.release(stack.pop())
+
+    def extend(self, ttl: float | None = None) -> Lease:
+        stack = self._stack()
+        if not stack:
+            raise RuntimeError(f"{self!r} is not held by this thread")
+        stack[-1] = self.provider.extend(stack[-1], ttl)
+        return stack[-1]
+
+    def locked(self) -> bool:
+        """Whether the calling thread holds this lock through this handle, asked of the backend."""
+        lease = self.lease
+        return lease is not None and self.provider.is_held(lease)
+
+    def __enter__(self) -> Lease:
+        lease = self.acquire()
+        if lease is None:
+            raise LockTimeout(
+                f"{self.key!r} on {self.provider.name!r} stayed held by another owner "
+                f"for the whole wait of {self.wait} s"
+            )
+        return lease
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        traceback: TracebackType | None,
+    ) -> None:
+        self.release()

@@ -1,0 +1,381 @@
+"""The contract every backend keeps, written once and run over each of them.
+
+Tests that need a capability run only over the backends that declare it
+(`kinds(...)`); the declaration itself is checked where it can be.
+"""
+
+from __future__ import annotations
+
+import math
+import multiprocessing
+import os
+import signal
+import threading
+import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any, TypeVar
+
+import pytest
+
+from locks import Lease, LockLost, LockNotOwned, LockTimeout
+from tests import workers
+from tests.backends import Backend, kinds
+
+SPAWN = multiprocessing.get_context("spawn")
+T = TypeVar("T")
+
+
+def run_threads(count: int, target: Callable[[int], Any]) -> list[Any]:
+    """Run `target(i)` on `count` threads released together; return results in order."""
+    barrier = threading.Barrier(count)
+
+    def start(i: int) -> Any:
+        barrier.wait()
+        return target(i)
+
+    with ThreadPoolExecutor(max_workers=count) as pool:
+        return list(pool.map(start, range(count)))
+
+
+def in_thread(call: Callable[[], T]) -> T:
+    """Run `call` on another thread (another owner) and return its result."""
+    with ThreadPoolExecutor(max_workers=1) as pool:
+        return pool.submit(call).result(timeout=60)
+
+
+# -- mutual exclusion -------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("backend", kinds(cross_process=True), indirect=True)
+def test_mutual_exclusion_across_processes(backend: Backend, key: str, tmp_path: Path) -> None:
+    counter = tmp_path / "counter"
+    counter.write_text("0")
+    processes, rounds = 4, 200
+    with SPAWN.Pool(processes) as pool:
+        args = [(backend.kind, backend.address, key, str(counter), rounds)] * processes
+        results = pool.starmap(workers.increment, args)
+    assert int(counter.read_text()) == processes * rounds
+    # every critical section saw the value the one before it wrote, and fences rose with them
+    seen = sorted(entry for result in results for entry in result)
+    assert [value for value, _ in seen] == list(range(processes * rounds))
+    fences = [fence for _, fence in seen]
+    assert all(a < b for a, b in zip(fences, fences[1:], strict=False))
+
+
+def test_mutual_exclusion_across_threads(backend: Backend, key: str) -> None:
+    provider = backend.make()
+    inside = 0
+    most_inside = 0
+    total = 0
+    guard = threading.Lock()
+
+    def work(_: int) -> None:
+        nonlocal inside, most_inside, total
+        for _ in range(50):
+            with provider.lock(key, ttl=30, wait=60):
+                with guard:
+                    inside += 1
+                    most_inside = max(most_inside, inside)
+                value = total
+                time.sleep(0.0002)
+                total = value + 1
+                with guard:
+                    inside -= 1
+
+    run_threads(8, work)
+    assert most_inside == 1
+    assert total == 8 * 50
+
+
+# -- the Redisson test cases of seed 004 -----------------------------------------------
+
+
+def test_one_try_from_1000_threads_exactly_one_wins(backend: Backend, key: str) -> None:
+    provider = backend.make()
+    leases = run_threads(1000, lambda _: provider.acquire(key, ttl=30, wait=0))
+    winners = [lease for lease in leases if lease is not None]
+    assert len(winners) == 1
+    provider.release(winners[0])
+
+
+def test_100_waiting_threads_all_get_it_in_turn(backend: Backend, key: str) -> None:
+    provider = backend.make()
+    inside = 0
+    overlaps = 0
+    guard = threading.Lock()
+
+    def work(_: int) -> bool:
+        nonlocal inside, overlaps
+        lease = provider.acquire(key, ttl=10, wait=60)
+        if lease is None:
+            return False
+        with guard:
+            inside += 1
+            overlaps += inside > 1
+        time.sleep(0.001)
+        with guard:
+            inside -= 1
+        provider.release(lease)
+        return True
+
+    assert run_threads(100, work) == [True] * 100
+    assert overlaps == 0
+
+
+def test_wait_that_runs_out_returns_none_after_about_wait(backend: Backend, key: str) -> None:
+    provider = backend.make()
+    holder = provider.acquire(key, ttl=30)
+    assert holder is not None
+
+    def contend() -> tuple[Lease | None, float]:
+        started = time.monotonic()
+        return provider.acquire(key, ttl=30, wait=0.5), time.monotonic() - started
+
+    lease, elapsed = in_thread(contend)
+    assert lease is None
+    assert 0.45 <= elapsed < 1.5
+
+    def enter() -> float:
+        started = time.monotonic()
+        with pytest.raises(LockTimeout), provider.lock(key, ttl=30, wait=0.3):
+            pass
+        return time.monotonic() - started
+
+    assert 0.25 <= in_thread(enter) < 1.5
+    provider.release(holder)
+
+
+# -- ownership, expiry, renewal --------------------------------------------------------
+
+
+@pytest.mark.parametrize("backend", kinds(expires=True), indirect=True)
+def test_only_the_owner_releases(backend: Backend, key: str) -> None:
+    provider = backend.make()
+    first = provider.acquire(key, ttl=0.3)
+    assert first is not None
+    time.sleep(0.5)
+    second = in_thread(lambda: provider.acquire(key, ttl=30, wait=2))
+    assert second is not None
+    with pytest.raises(LockNotOwned):
+        provider.release(first)
+    with pytest.raises(LockNotOwned):
+        provider.extend(first, 10)
+    assert provider.is_held(second)
+    assert in_thread(lambda: provider.acquire(key, ttl=30, wait=0)) is None
+    provider.release(second)
+
+
+def test_a_release_from_another_owner_changes_nothing(backend: Backend, key: str) -> None:
+    provider = backend.make()
+    lease = provider.acquire(key, ttl=30)
+    assert lease is not None
+    forged = Lease(
+        key=key,
+        backend=lease.backend,
+        owner=lease.owner,
+        token="0" * 32,
+        fence=lease.fence,
+        ttl=lease.ttl,
+        depth=1,
+        acquired_at=lease.acquired_at,
+        auto_renew=False,
+        state=type(lease.state)(None),
+    )
+    with pytest.raises(LockNotOwned):
+        provider.release(forged)
+    assert provider.is_held(lease)
+    provider.release(lease)
+    assert not provider.is_held(lease)
+
+
+@pytest.mark.parametrize("backend", kinds(expires=True), indirect=True)
+def test_a_fixed_ttl_expires(backend: Backend, key: str) -> None:
+    provider = backend.make()
+    lease = provider.acquire(key, ttl=0.3)
+    assert lease is not None
+    lease.check()
+    started = time.monotonic()
+    other = in_thread(lambda: provider.acquire(key, ttl=30, wait=3))
+    assert other is not None
+    assert time.monotonic() - started < 1.0
+    with pytest.raises(LockLost):
+        lease.check()
+    assert not provider.is_held(lease)
+    provider.release(other)
+
+
+@pytest.mark.parametrize("backend", kinds(renewable=True), indirect=True)
+def test_a_watchdog_lease_outlives_three_ttls(backend: Backend, key: str) -> None:
+    provider = backend.make(watchdog_ttl=0.6)
+    lease = provider.acquire(key)
+    assert lease is not None
+    assert lease.auto_renew
+    time.sleep(1.8)
+    lease.check()
+    assert provider.is_held(lease)
+    assert in_thread(lambda: provider.acquire(key, ttl=30, wait=0)) is None
+    provider.release(lease)
+    # release stopped renewal: the lock is free and stays free
+    other = in_thread(lambda: provider.acquire(key, ttl=30, wait=0))
+    assert other is not None
+    provider.release(other)
+
+
+@pytest.mark.parametrize("backend", kinds(cross_process=True, expires=True), indirect=True)
+def test_a_killed_holder_frees_the_lock_within_its_ttl(backend: Backend, key: str) -> None:
+    provider = backend.make()
+    held = SPAWN.Event()
+    ttl = 1.0
+    child = SPAWN.Process(
+        target=workers.hold_until_killed, args=(backend.kind, backend.address, key, ttl, held)
+    )
+    child.start()
+    try:
+        assert held.wait(30), "the child never took the lock"
+        assert provider.acquire(key, ttl=30, wait=0) is None
+        assert child.pid is not None
+        os.kill(child.pid, signal.SIGKILL)
+        killed_at = time.monotonic()
+        lease = provider.acquire(key, ttl=30, wait=ttl + 1)
+        assert lease is not None
+        assert time.monotonic() - killed_at <= ttl + 1
+        provider.release(lease)
+    finally:
+        child.kill()
+        child.join()
+
+
+@pytest.mark.parametrize("backend", kinds(renewable=True), indirect=True)
+def test_a_lock_deleted_behind_the_holders_back_is_lost(backend: Backend, key: str) -> None:
+    provider = backend.make(watchdog_ttl=0.6)
+    lost: list[Lease] = []
+    called = threading.Event()
+
+    def on_lost(lease: Lease) -> None:
+        lost.append(lease)
+        called.set()
+
+    lease = provider.acquire(key, on_lost=on_lost)
+    assert lease is not None
+    backend.delete_behind_back(key)
+    assert called.wait(2.0), "the watchdog did not notice"
+    assert lost == [lease]
+    assert lease.lost
+    with pytest.raises(LockLost):
+        lease.check()
+    time.sleep(0.5)
+    assert len(lost) == 1, "on_lost must be called once"
+
+
+# -- reentrancy ------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("backend", kinds(reentrant=True), indirect=True)
+def test_reentrant_acquire_counts_depth(backend: Backend, key: str) -> None:
+    provider = backend.make()
+    outer = provider.acquire(key, ttl=30)
+    inner = provider.acquire(key, ttl=30, wait=0)
+    assert outer is not None and inner is not None
+    assert (outer.depth, inner.depth) == (1, 2)
+    assert inner.fence == outer.fence
+    provider.release(inner)
+    assert provider.is_held(outer)
+    assert in_thread(lambda: provider.acquire(key, ttl=30, wait=0)) is None
+    provider.release(outer)
+    other = in_thread(lambda: provider.acquire(key, ttl=30, wait=0))
+    assert other is not None
+    provider.release(other)
+
+
+@pytest.mark.parametrize("backend", kinds(reentrant=False), indirect=True)
+def test_non_reentrant_backend_refuses_the_holder_without_deadlock(
+    backend: Backend, key: str
+) -> None:
+    provider = backend.make()
+    lease = provider.acquire(key, ttl=30)
+    assert lease is not None
+    started = time.monotonic()
+    assert provider.acquire(key, ttl=30, wait=0.3) is None
+    assert 0.25 <= time.monotonic() - started < 1.5
+    started = time.monotonic()
+    assert provider.acquire(key, ttl=30) is None  # wait=None: refused, not a deadlock
+    assert time.monotonic() - started < 1.0
+    assert provider.is_held(lease)
+    provider.release(lease)
+
+
+# -- waiting ---------------------------------------------------------------------------
+
+
+def test_a_waiter_wakes_promptly_on_release(backend: Backend, key: str) -> None:
+    provider = backend.make()
+    lease = provider.acquire(key, ttl=30)
+    assert lease is not None
+    acquired_at: list[float] = []
+
+    def wait_for_it() -> None:
+        other = provider.acquire(key, ttl=30, wait=20)
+        acquired_at.append(time.monotonic())
+        assert other is not None
+        provider.release(other)
+
+    waiter = threading.Thread(target=wait_for_it)
+    waiter.start()
+    time.sleep(0.3)  # the waiter is subscribed and sleeping on a 30 s PTTL
+    released_at = time.monotonic()
+    provider.release(lease)
+    waiter.join(20)
+    assert acquired_at, "the waiter never acquired"
+    # well under the 30 s the PTTL fallback would take: notification worked
+    assert acquired_at[0] - released_at < 0.5
+
+
+# -- fences ----------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("backend", kinds(fenced=True), indirect=True)
+def test_fences_strictly_increase(backend: Backend, key: str) -> None:
+    provider = backend.make()
+    fences = []
+    for _ in range(20):
+        lease = provider.acquire(key, ttl=30)
+        assert lease is not None
+        fences.append(lease.fence)
+        provider.release(lease)
+    assert all(a < b for a, b in zip(fences, fences[1:], strict=False))
+
+
+# -- bad input -------------------------------------------------------------------------
+
+BAD_CALLS: list[tuple[str, dict[str, Any], type[Exception], str]] = [
+    ("", {}, ValueError, "key"),
+    ("x" * 10_000, {}, ValueError, "key"),
+    ("a\0b", {}, ValueError, "key"),
+    ("a\nb", {}, ValueError, "key"),
+    (42, {}, TypeError, "key"),  # type: ignore[list-item]
+    ("k", {"ttl": 0}, ValueError, "ttl"),
+    ("k", {"ttl": -1}, ValueError, "ttl"),
+    ("k", {"ttl": math.nan}, ValueError, "ttl"),
+    ("k", {"ttl": math.inf}, ValueError, "ttl"),
+    ("k", {"ttl": "10"}, TypeError, "ttl"),
+    ("k", {"wait": -1}, ValueError, "wait"),
+    ("k", {"wait": math.nan}, ValueError, "wait"),
+    ("k", {"on_lost": "print"}, TypeError, "on_lost"),
+]
+
+
+@pytest.mark.parametrize(("name", "options", "error", "argument"), BAD_CALLS)
+def test_bad_input_is_refused_before_any_io(
+    backend: Backend, name: Any, options: dict[str, Any], error: type[Exception], argument: str
+) -> None:
+    # a provider whose server is unreachable: any I/O would raise BackendUnavailable instead
+    dead = backend.make_unreachable()
+    with pytest.raises(error, match=argument):
+        dead.acquire(name, **options)
+    lock_options = {k: v for k, v in options.items() if k != "on_lost"}
+    if lock_options or argument == "key":
+        with pytest.raises(error, match=argument):
+            dead.lock(name, **lock_options)
+    dead.close()
