@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from typing import ClassVar, ParamSpec, TypeVar
 
 from locks.errors import BackendUnavailable, LockNotOwned
-from locks.events import Event, EventKind, emit
+from locks.events import EventKind, emit
 from locks.names import check_name, check_seconds, check_ttl, check_wait
 from locks.owner import current_owner, in_this_process, new_token
 from locks.provider import Capabilities, Lease, LeaseState, Lock, LostCallback
@@ -107,12 +107,13 @@ class ProviderBase(ABC):
         )
         if lease.auto_renew:
             watchdog().watch(lease, self._renew, self)
-        emit(Event(EventKind.ACQUIRED, self.name, key, lease, duration=time.monotonic() - started))
+        emit(EventKind.ACQUIRED, self.name, key, lease, duration=time.monotonic() - started)
         return lease
 
     def release(self, lease: Lease) -> None:
         self._check_mine(lease)
-        watchdog().unwatch(lease)
+        if lease.auto_renew:
+            watchdog().unwatch(lease)
         released = self._reporting(lease.key, self._release, lease)
         lease.state.end()
         if not released:
@@ -121,13 +122,11 @@ class ProviderBase(ABC):
                 f"(it expired or was taken over); nothing was released"
             )
         emit(
-            Event(
-                EventKind.RELEASED,
-                self.name,
-                lease.key,
-                lease,
-                duration=time.monotonic() - lease.acquired_at,
-            )
+            EventKind.RELEASED,
+            self.name,
+            lease.key,
+            lease,
+            duration=time.monotonic() - lease.acquired_at,
         )
 
     def extend(self, lease: Lease, ttl: float | None = None) -> Lease:
@@ -140,7 +139,7 @@ class ProviderBase(ABC):
             raise LockNotOwned(f"{lease.key!r} on {self.name!r} is no longer held by this lease")
         if self.capabilities.expires:
             lease.state.renewed(sent_at + new_ttl)
-        emit(Event(EventKind.EXTENDED, self.name, lease.key, lease))
+        emit(EventKind.EXTENDED, self.name, lease.key, lease)
         return lease if new_ttl == lease.ttl else dataclasses.replace(lease, ttl=new_ttl)
 
     def is_held(self, lease: Lease) -> bool:
@@ -181,5 +180,5 @@ class ProviderBase(ABC):
         try:
             return call(*args, **kwargs)
         except BackendUnavailable as exc:
-            emit(Event(EventKind.BACKEND_ERROR, self.name, key, error=exc))
+            emit(EventKind.BACKEND_ERROR, self.name, key, error=exc)
             raise

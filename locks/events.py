@@ -56,7 +56,8 @@ def log_event(event: Event) -> None:
     logger.log(level, "%s %s key=%r%s%s", event.backend, event.kind, event.key, fence, error)
 
 
-_observers: tuple[Observer, ...] = (log_event,)
+_DEFAULT: tuple[Observer, ...] = (log_event,)
+_observers = _DEFAULT
 _observers_lock = threading.Lock()
 
 
@@ -72,9 +73,24 @@ def remove_observer(observer: Observer) -> None:
         _observers = tuple(o for o in _observers if o is not observer)
 
 
-def emit(event: Event) -> None:
-    """Hand `event` to every observer; an observer's failure is logged, never raised."""
-    for observer in _observers:
+def emit(
+    kind: EventKind,
+    backend: str,
+    key: str,
+    lease: Lease | None = None,
+    *,
+    error: BaseException | None = None,
+    duration: float | None = None,
+) -> None:
+    """Hand the event to every observer; an observer's failure is logged, never raised.
+
+    Builds nothing when only the default observer listens and would not log it: this
+    runs on every acquire and release."""
+    observers = _observers
+    if observers is _DEFAULT and not logger.isEnabledFor(_LEVELS[kind]):
+        return
+    event = Event(kind, backend, key, lease, error, duration)
+    for observer in observers:
         try:
             observer(event)
         except Exception:

@@ -18,6 +18,8 @@ def check_name(name: object, argument: str = "key") -> str:
         raise ValueError(
             f"{argument} is {len(name)} characters long; the limit is {MAX_NAME_LENGTH}"
         )
+    if name.isprintable():  # the common case, checked in C
+        return name
     for char in name:
         if unicodedata.category(char) in ("Cc", "Cs"):
             raise ValueError(f"{argument} must not contain control characters (found {char!r})")

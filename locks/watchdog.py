@@ -17,7 +17,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from locks.errors import BackendUnavailable, LockLost
-from locks.events import Event, EventKind, emit
+from locks.events import EventKind, emit
 from locks.provider import Lease
 
 logger = logging.getLogger("locks")
@@ -111,7 +111,7 @@ class Watchdog:
             logger.exception("renewing %r on %r failed", lease.key, lease.backend)
             error = exc
         if error is not None:
-            emit(Event(EventKind.BACKEND_ERROR, lease.backend, lease.key, lease, error))
+            emit(EventKind.BACKEND_ERROR, lease.backend, lease.key, lease, error=error)
         now = time.monotonic()
         with self._cond:
             if entry.cancelled:
@@ -136,7 +136,7 @@ def mark_lost(lease: Lease, reason: str) -> None:
     callbacks = lease.state.mark_lost(reason)
     if callbacks is None:
         return
-    emit(Event(EventKind.LOST, lease.backend, lease.key, lease, LockLost(reason)))
+    emit(EventKind.LOST, lease.backend, lease.key, lease, error=LockLost(reason))
     for callback in callbacks:
         try:
             callback(lease)

@@ -21,7 +21,11 @@ CLASSES: dict[str, type[ProviderBase]] = {
 }
 
 # the server fixture each kind needs, if any
-SERVERS: dict[str, str | None] = {"local": None, "redis": "redis_server", "redis-hash": "redis_server"}
+SERVERS: dict[str, str | None] = {
+    "local": None,
+    "redis": "redis_server",
+    "redis-hash": "redis_server",
+}
 
 
 def kinds(**required: bool) -> list[str]:
@@ -37,7 +41,7 @@ def make_provider(kind: str, address: str | None, **options: Any) -> ProviderBas
     cls = CLASSES[kind]
     if address is None:
         return cls(**options)
-    return cls(address, **options)  # type: ignore[call-arg]
+    return cls(address, **options)
 
 
 @dataclass

@@ -5,9 +5,9 @@ from collections.abc import Iterator
 
 import pytest
 
-pytest_plugins = ["tests.servers"]
-
 from tests.backends import CLASSES, SERVERS, Backend
+
+pytest_plugins = ["tests.servers"]
 
 
 @pytest.fixture(params=list(CLASSES))

@@ -6,6 +6,7 @@ Tests that need a capability run only over the backends that declare it
 
 from __future__ import annotations
 
+import itertools
 import math
 import multiprocessing
 import os
@@ -61,7 +62,7 @@ def test_mutual_exclusion_across_processes(backend: Backend, key: str, tmp_path:
     seen = sorted(entry for result in results for entry in result)
     assert [value for value, _ in seen] == list(range(processes * rounds))
     fences = [fence for _, fence in seen]
-    assert all(a < b for a, b in zip(fences, fences[1:], strict=False))
+    assert all(a < b for a, b in itertools.pairwise(fences))
 
 
 def test_mutual_exclusion_across_threads(backend: Backend, key: str) -> None:
@@ -344,7 +345,7 @@ def test_fences_strictly_increase(backend: Backend, key: str) -> None:
         assert lease is not None
         fences.append(lease.fence)
         provider.release(lease)
-    assert all(a < b for a, b in zip(fences, fences[1:], strict=False))
+    assert all(a < b for a, b in itertools.pairwise(fences))
 
 
 # -- bad input -------------------------------------------------------------------------

@@ -5,6 +5,8 @@ within the configured socket timeouts."""
 
 from __future__ import annotations
 
+import functools
+import hashlib
 import time
 from abc import abstractmethod
 from dataclasses import dataclass
@@ -13,7 +15,7 @@ from typing import Any, ClassVar
 import redis
 from redis.backoff import NoBackoff
 from redis.exceptions import ConnectionError as RedisConnectionError
-from redis.exceptions import ReadOnlyError
+from redis.exceptions import NoScriptError, ReadOnlyError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 from redis.retry import Retry
 
@@ -39,6 +41,9 @@ class _RedisProviderBase(ProviderBase):
     """What the two Redis algorithms share: client, keys, waiting, error translation."""
 
     type_name: ClassVar[str]
+    acquire_lua: ClassVar[str]
+    release_lua: ClassVar[str]
+    extend_lua: ClassVar[str]
 
     def __init__(
         self,
@@ -79,12 +84,11 @@ class _RedisProviderBase(ProviderBase):
         self.client = client
         self.address = _address(client)
         self._notifier = ReleaseNotifier(client, self._unavailable, confirm_timeout=socket_timeout)
-        self._register_scripts(client)
+        self._acquire_script = _Script(client, self.acquire_lua)
+        self._release_script = _Script(client, self.release_lua)
+        self._extend_script = _Script(client, self.extend_lua)
 
     # -- the algorithm's part -----------------------------------------------------------
-
-    @abstractmethod
-    def _register_scripts(self, client: redis.Redis) -> None: ...
 
     @abstractmethod
     def _attempt(self, keys: _Keys, owner: str, token: str, ttl_ms: int) -> tuple[int, Any]:
@@ -94,8 +98,7 @@ class _RedisProviderBase(ProviderBase):
     # -- shared ------------------------------------------------------------------------------
 
     def _keys(self, key: str) -> _Keys:
-        base = f"{self.prefix}:{{{redis_hash_tag(key)}}}"
-        return _Keys(base, base + ":fence", base + ":released")
+        return _keys(self.prefix, key)
 
     def _acquire(
         self, key: str, owner: str, token: str, ttl: float, deadline: float | None
@@ -134,7 +137,7 @@ class _RedisProviderBase(ProviderBase):
             return None  # waiting forever for ourselves would never end
         return int(detail)
 
-    def _script(self, script: Any, keys: list[str], args: list[Any]) -> Any:
+    def _script(self, script: _Script, keys: list[str], args: list[Any]) -> Any:
         try:
             return script(keys, args)
         except _UNAVAILABLE as exc:
@@ -191,10 +194,9 @@ class RedisProvider(_RedisProviderBase):
         cross_host=True,
     )
 
-    def _register_scripts(self, client: redis.Redis) -> None:
-        self._acquire_script = client.register_script(scripts.PLAIN_ACQUIRE)
-        self._release_script = client.register_script(scripts.PLAIN_RELEASE)
-        self._extend_script = client.register_script(scripts.PLAIN_EXTEND)
+    acquire_lua = scripts.PLAIN_ACQUIRE
+    release_lua = scripts.PLAIN_RELEASE
+    extend_lua = scripts.PLAIN_EXTEND
 
     def _attempt(self, keys: _Keys, owner: str, token: str, ttl_ms: int) -> tuple[int, Any]:
         status, detail = self._acquire_script(
@@ -233,10 +235,9 @@ class RedisHashProvider(_RedisProviderBase):
         cross_host=True,
     )
 
-    def _register_scripts(self, client: redis.Redis) -> None:
-        self._acquire_script = client.register_script(scripts.HASH_ACQUIRE)
-        self._release_script = client.register_script(scripts.HASH_RELEASE)
-        self._extend_script = client.register_script(scripts.HASH_EXTEND)
+    acquire_lua = scripts.HASH_ACQUIRE
+    release_lua = scripts.HASH_RELEASE
+    extend_lua = scripts.HASH_EXTEND
 
     def _attempt(self, keys: _Keys, owner: str, token: str, ttl_ms: int) -> tuple[int, Any]:
         reply = self._acquire_script(
@@ -261,6 +262,36 @@ class RedisHashProvider(_RedisProviderBase):
         except _UNAVAILABLE as exc:
             raise self._unavailable(exc) from exc
         return _text(token) == lease.token and depth is not None
+
+
+class _Script:
+    """A Lua script called by SHA, loaded when the server does not know it yet (first
+    use, a restart, SCRIPT FLUSH). Cheaper per call than redis-py's `Script`."""
+
+    __slots__ = ("_client", "_sha", "_source")
+
+    def __init__(self, client: redis.Redis, source: str) -> None:
+        self._client = client
+        self._source = source
+        self._sha = hashlib.sha1(source.encode()).hexdigest()
+
+    def __call__(self, keys: list[str], args: list[Any]) -> Any:
+        try:
+            return self._client.execute_command(  # type: ignore[no-untyped-call]
+                "EVALSHA", self._sha, len(keys), *keys, *args
+            )
+        except NoScriptError:
+            self._client.script_load(self._source)
+            return self._client.execute_command(  # type: ignore[no-untyped-call]
+                "EVALSHA", self._sha, len(keys), *keys, *args
+            )
+
+
+@functools.lru_cache(maxsize=4096)
+def _keys(prefix: str, key: str) -> _Keys:
+    """The lock key, fence key and release channel of `key`, sharing one hash tag."""
+    base = f"{prefix}:{{{redis_hash_tag(key)}}}"
+    return _Keys(base, base + ":fence", base + ":released")
 
 
 def _plain_value(lease: Lease) -> str:

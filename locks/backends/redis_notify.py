@@ -3,9 +3,13 @@
 A connection per waiting thread would exhaust redis-py's pool (100 by default), so
 one subscriber thread owns a single `PubSub` and fans release messages out to the
 waiters of each channel, waking the longest-waiting one per message. A waiter that
-leaves with a wake-up it did not use passes it on. Messages can still be lost (a
-reconnect, a crash between release and publish): callers bound every wait by the
-lock's PTTL, so a lost message costs time, never correctness.
+leaves with a wake-up it did not use passes it on. A channel nobody waits on stays
+subscribed for a while (`linger`) before the subscriber thread drops it, so a busy
+key is not resubscribed on every wait and no caller pays for an UNSUBSCRIBE.
+
+Messages can still be lost (a reconnect, a crash between release and publish):
+callers bound every wait by the lock's PTTL, so a lost message costs time, never
+correctness.
 """
 
 from __future__ import annotations
@@ -47,10 +51,12 @@ class ReleaseNotifier:
         client: Redis,
         unavailable: Callable[[Exception], BackendUnavailable],
         confirm_timeout: float,
+        linger: float = 1.0,
     ) -> None:
         self._client = client
         self._unavailable = unavailable
         self._confirm_timeout = confirm_timeout
+        self._linger = linger
         self._reset()
 
     def _reset(self) -> None:
@@ -58,6 +64,7 @@ class ReleaseNotifier:
         self._lock = threading.Lock()
         self._waiters: dict[str, deque[Waiter]] = {}
         self._subscribed: dict[str, threading.Event] = {}
+        self._idle_since: dict[str, float] = {}  # subscribed channels nobody waits on
         self._pubsub: PubSub | None = None
         self._closed = False
 
@@ -73,12 +80,11 @@ class ReleaseNotifier:
                 queue = self._waiters.get(channel)
                 if queue is None:
                     queue = self._waiters[channel] = deque()
-                    subscribed = self._subscribed[channel] = threading.Event()
-                    queue.append(waiter)
-                    self._subscribe(channel)
-                else:
-                    subscribed = self._subscribed[channel]
-                    queue.append(waiter)
+                    if self._idle_since.pop(channel, None) is None:
+                        self._subscribed[channel] = threading.Event()
+                        self._subscribe(channel)
+                subscribed = self._subscribed[channel]
+                queue.append(waiter)
             bound = self._confirm_timeout
             if deadline is not None:
                 bound = max(0.0, min(bound, deadline - time.monotonic()))
@@ -110,15 +116,26 @@ class ReleaseNotifier:
             queue.remove(waiter)
             if waiter._woken.is_set():
                 self._wake_one(queue)
-            if queue:
+            if not queue:
+                del self._waiters[channel]
+                self._idle_since[channel] = time.monotonic()
+
+    def _drop_idle_channels(self) -> None:
+        """Unsubscribe channels nobody has waited on for `linger` seconds."""
+        with self._lock:
+            if not self._idle_since or self._pubsub is None:
                 return
-            del self._waiters[channel]
-            del self._subscribed[channel]
-            if self._pubsub is not None:
-                try:
-                    self._pubsub.unsubscribe(channel)  # type: ignore[no-untyped-call]
-                except RedisError as exc:  # the reconnect will not resubscribe it either
-                    logger.debug("unsubscribe from %s failed: %s", channel, exc)
+            cutoff = time.monotonic() - self._linger
+            idle = [channel for channel, since in self._idle_since.items() if since <= cutoff]
+            if not idle:
+                return
+            for channel in idle:
+                del self._idle_since[channel]
+                del self._subscribed[channel]
+            try:
+                self._pubsub.unsubscribe(*idle)  # type: ignore[no-untyped-call]
+            except RedisError as exc:  # the reconnect will not resubscribe them either
+                logger.debug("unsubscribe from %d channels failed: %s", len(idle), exc)
 
     @staticmethod
     def _wake_one(queue: deque[Waiter]) -> None:
@@ -133,13 +150,14 @@ class ReleaseNotifier:
                 if self._closed or pubsub is not self._pubsub:
                     return
             try:
-                message = pubsub.get_message(timeout=1.0)
+                message = pubsub.get_message(timeout=self._linger)
             except (RedisError, OSError, ValueError) as exc:
                 self._connection_broke(exc)
                 time.sleep(0.1)
                 continue
             if message is not None:
                 self._dispatch(message)
+            self._drop_idle_channels()
 
     def _dispatch(self, message: dict[str, Any]) -> None:
         kind = message["type"]
@@ -162,8 +180,9 @@ class ReleaseNotifier:
         """Wake every waiter: each retries now and either wins or reports the outage."""
         logger.debug("redis release notifications interrupted: %s", exc)
         with self._lock:
-            for channel, queue in self._waiters.items():
-                self._subscribed[channel].clear()
+            for event in self._subscribed.values():
+                event.clear()
+            for queue in self._waiters.values():
                 for waiter in queue:
                     waiter._woken.set()
 

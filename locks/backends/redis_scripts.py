@@ -3,20 +3,23 @@
 Every script touches only keys of one lock, which share a hash tag, so all of them
 run on Redis Cluster. The release channel is passed in ARGV: channels are not keys.
 
-Fence rule (shared by both acquire scripts): the fence key remembers the last fence
-of a lock for `fence_ttl` after its last grant, then expires so that Redis memory
-does not grow with the number of names ever used. A grant's fence is
-max(previous + 1, server time in microseconds): strictly increasing while the
-counter lives, and, after it expired, restarted above every fence it handed out.
+Fence rule (shared by both acquire scripts): each lock has a counter key. A grant
+increments it; when the increment finds no counter (first use, or the counter
+expired), the counter is seeded from the server clock in microseconds, with a
+`fence_ttl` expiry. So Redis memory does not grow with the number of names ever
+used, and fences still strictly increase: a counter only gains 1 per grant, a grant
+takes more than a microsecond of server time, so no fence ever runs ahead of the
+clock, and a re-seeded counter starts above every fence handed out before.
 """
 
 # Computes the next fence into `fence`. KEYS[2] = fence key, ARGV[3] = fence ttl (ms).
 _NEXT_FENCE = """
-local now = redis.call('TIME')
-local fence = tonumber(now[1]) * 1000000 + tonumber(now[2])
-local previous = tonumber(redis.call('GET', KEYS[2]) or '0')
-if previous >= fence then fence = previous + 1 end
-redis.call('SET', KEYS[2], string.format('%d', fence), 'PX', ARGV[3])
+local fence = redis.call('INCR', KEYS[2])
+if fence == 1 then
+  local now = redis.call('TIME')
+  fence = tonumber(now[1]) * 1000000 + tonumber(now[2])
+  redis.call('SET', KEYS[2], string.format('%d', fence), 'PX', ARGV[3])
+end
 """
 
 # KEYS: lock, fence.  ARGV: value (owner .. '/' .. token), ttl ms, fence ttl ms, owner .. '/'

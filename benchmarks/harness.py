@@ -1,0 +1,118 @@
+"""Measuring locks side by side in one run: uncontended cycles/s and hand-off latency.
+
+Every contender is a `Contender`: a way to acquire (blocking or one try) and release a
+named lock. Ratios between contenders of one run are what we report; absolute figures
+move with the machine.
+"""
+
+from __future__ import annotations
+
+import statistics
+import threading
+import time
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+Acquire = Callable[[str], Any]  # blocks until held, returns a handle
+Release = Callable[[Any], None]
+
+
+@dataclass
+class Contender:
+    name: str
+    acquire: Acquire
+    release: Release
+    close: Callable[[], None] = lambda: None
+
+
+@dataclass
+class Result:
+    name: str
+    cycles_per_second: float
+    handoff_ms: float | None
+
+
+def cycle_rate(contender: Contender, key: str, cycles: int) -> float:
+    """Acquire+release cycles per second on one uncontended key."""
+    started = time.perf_counter()
+    for _ in range(cycles):
+        contender.release(contender.acquire(key))
+    return cycles / (time.perf_counter() - started)
+
+
+def handoff_ms(contender: Contender, samples: int) -> float:
+    """Median time from the holder's release call to the waiter's acquire returning."""
+    latencies = []
+    for _ in range(samples):
+        key = f"bench:{uuid.uuid4().hex}"
+        held = contender.acquire(key)
+        acquired_at: list[float] = []
+
+        def wait(key: str = key) -> None:
+            handle = contender.acquire(key)
+            acquired_at.append(time.perf_counter())
+            contender.release(handle)
+
+        waiter = threading.Thread(target=wait)
+        waiter.start()
+        time.sleep(0.05)  # let the waiter settle into its wait
+        released_at = time.perf_counter()
+        contender.release(held)
+        waiter.join(30)
+        if not acquired_at:
+            raise RuntimeError(f"{contender.name}: the waiter never acquired")
+        latencies.append((acquired_at[0] - released_at) * 1000)
+    return statistics.median(latencies)
+
+
+def measure(contenders: list[Contender], cycles: int, rounds: int, samples: int) -> list[Result]:
+    """Medians per contender. Rounds are interleaved (each round runs every contender
+    once), so a machine that slows down mid-run slows everyone alike."""
+    keys = {c.name: f"bench:{uuid.uuid4().hex}" for c in contenders}
+    rates: dict[str, list[float]] = {c.name: [] for c in contenders}
+    try:
+        for contender in contenders:
+            cycle_rate(contender, keys[contender.name], 50)  # warm connections and scripts
+        for _ in range(rounds):
+            for contender in contenders:
+                rates[contender.name].append(cycle_rate(contender, keys[contender.name], cycles))
+        results = []
+        for contender in contenders:
+            handoff = handoff_ms(contender, samples) if samples else None
+            rate = statistics.median(rates[contender.name])
+            results.append(Result(contender.name, rate, handoff))
+            print(f"  {contender.name}: {rate:,.0f} cycles/s, hand-off {handoff} ms", flush=True)
+    finally:
+        for contender in contenders:
+            contender.close()
+    return results
+
+
+def table(results: list[Result], baseline: str) -> str:
+    """A Markdown table with each contender's ratio to `baseline`."""
+    base = next(r for r in results if r.name == baseline).cycles_per_second
+    lines = [
+        f"| contender | cycles/s | vs {baseline} | hand-off, median ms |",
+        "|---|---:|---:|---:|",
+    ]
+    for r in results:
+        handoff = "—" if r.handoff_ms is None else f"{r.handoff_ms:.2f}"
+        lines.append(
+            f"| {r.name} | {r.cycles_per_second:,.0f} | {r.cycles_per_second / base:.2f}x "
+            f"| {handoff} |"
+        )
+    return "\n".join(lines)
+
+
+def append_report(title: str, command: str, body: str) -> Path:
+    """Append a dated section to docs/benchmarks.md."""
+    path = Path(__file__).resolve().parent.parent / "docs" / "benchmarks.md"
+    if not path.exists():
+        path.write_text("# Benchmarks\n\nRatios within one run are the figures to read.\n")
+    stamp = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
+    with path.open("a") as out:
+        out.write(f"\n## {title} ({stamp})\n\n`{command}`\n\n{body}\n")
+    return path

@@ -1,0 +1,26 @@
+#!/usr/bin/env bash
+# Installs the real servers the tests start (redis-server, ZooKeeper, MariaDB) from
+# Debian's packages, where they are missing. The tests start their own instances on
+# free loopback ports; nothing here starts a system service.
+set -euo pipefail
+
+missing=()
+command -v redis-server >/dev/null 2>&1 || [ -x /usr/bin/redis-server ] || missing+=(redis-server)
+[ -f /usr/share/java/zookeeper.jar ] || missing+=(zookeeper)
+command -v mariadbd >/dev/null 2>&1 || [ -x /usr/sbin/mariadbd ] || missing+=(mariadb-server)
+
+if [ ${#missing[@]} -eq 0 ]; then
+  exit 0
+fi
+echo "installing ${missing[*]} with apt-get" >&2
+sudo=""
+[ "$(id -u)" -eq 0 ] || sudo="sudo"
+export DEBIAN_FRONTEND=noninteractive
+# keep package scripts from starting system services: the tests run their own
+if [ ! -e /usr/sbin/policy-rc.d ]; then
+  printf '#!/bin/sh\nexit 101\n' | $sudo tee /usr/sbin/policy-rc.d >/dev/null
+  $sudo chmod +x /usr/sbin/policy-rc.d
+  trap '$sudo rm -f /usr/sbin/policy-rc.d' EXIT
+fi
+$sudo apt-get update -qq
+$sudo apt-get install -y -qq "${missing[@]}" >/dev/null

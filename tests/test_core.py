@@ -1,0 +1,267 @@
+"""The core pieces on their own: names, owners, fork, the local registry, the Lock
+handle, events, the watchdog's bookkeeping."""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from collections.abc import Iterator
+
+import pytest
+
+import locks
+from locks import Capabilities, Lease, LockLost, LockNotOwned, LockTimeout
+from locks.backends import LocalProvider, RedisHashProvider
+from locks.events import Event, EventKind, add_observer, remove_observer
+from locks.names import check_name, check_ttl, check_wait
+from locks.owner import current_owner, in_this_process
+from locks.watchdog import watchdog
+from tests.servers import RedisServer
+
+
+def test_names_up_to_255_characters_of_any_script_are_accepted() -> None:
+    assert check_name("锁:订单") == "锁:订单"
+    assert check_name("x" * 255) == "x" * 255
+    with pytest.raises(ValueError, match="key is 256 characters"):
+        check_name("x" * 256)
+    with pytest.raises(ValueError, match="control"):
+        check_name("tab\there")
+    with pytest.raises(TypeError, match="key must be a str"):
+        check_name(b"bytes")
+
+
+def test_durations_must_be_finite_numbers() -> None:
+    assert check_ttl(None) is None and check_wait(None) is None
+    assert check_wait(0) == 0.0
+    assert check_ttl(2) == 2.0
+    with pytest.raises(TypeError, match="ttl"):
+        check_ttl(True)
+    with pytest.raises(ValueError, match="wait"):
+        check_wait(float("-inf"))
+
+
+def test_a_new_thread_never_inherits_a_dead_threads_owner_id() -> None:
+    provider = LocalProvider()
+    seen: list[tuple[int, str, Lease | None]] = []
+
+    def take() -> None:
+        lease = provider.acquire("ident-reuse", wait=0)
+        seen.append((threading.get_ident(), current_owner(), lease))
+
+    for _ in range(20):  # the first thread dies holding the lock; later ones reuse idents
+        thread = threading.Thread(target=take)
+        thread.start()
+        thread.join()
+    idents = [ident for ident, _, _ in seen]
+    owners = [owner for _, owner, _ in seen]
+    assert len(set(owners)) == 20
+    assert len(set(idents)) < 20, "Python did not reuse an ident this time: nothing was shown"
+    assert seen[0][2] is not None
+    assert all(lease is None for _, _, lease in seen[1:])
+
+
+@pytest.fixture
+def redis_hash(redis_server: RedisServer) -> Iterator[RedisHashProvider]:
+    provider = RedisHashProvider(redis_server.url)
+    yield provider
+    provider.close()
+
+
+def test_a_forked_child_never_believes_it_holds_its_parents_lock(
+    redis_hash: RedisHashProvider, key: str
+) -> None:
+    lease = redis_hash.acquire(key, ttl=30)
+    assert lease is not None
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: report what it sees, then leave without cleanup
+        verdicts = []
+        try:
+            verdicts.append(in_this_process(lease.owner) is False)
+            verdicts.append(current_owner() != lease.owner)
+            try:
+                lease.check()
+                verdicts.append(False)
+            except LockLost:
+                verdicts.append(True)
+            verdicts.append(redis_hash.is_held(lease) is False)
+            try:
+                redis_hash.release(lease)
+                verdicts.append(False)
+            except LockNotOwned:
+                verdicts.append(True)
+            verdicts.append(redis_hash.acquire(key, ttl=30, wait=0) is None)  # no re-entry
+        finally:
+            os.write(write, bytes(int(v) for v in verdicts))
+            os._exit(0)
+    os.close(write)
+    _, status = os.waitpid(pid, 0)
+    report = os.read(read, 100)
+    os.close(read)
+    assert os.WEXITSTATUS(status) == 0
+    assert list(report) == [1] * 6
+    assert redis_hash.is_held(lease) and lease.depth == 1
+    redis_hash.release(lease)
+
+
+def test_a_million_distinct_local_keys_leave_nothing_behind() -> None:
+    provider = LocalProvider()
+    for i in range(1_000_000):
+        lease = provider.acquire(f"k{i}", wait=0)
+        assert lease is not None
+        provider.release(lease)
+    assert len(provider) == 0
+
+
+def test_local_waiters_and_timeouts_leave_nothing_behind() -> None:
+    provider = LocalProvider()
+    lease = provider.acquire("busy")
+    assert lease is not None
+    threads = [
+        threading.Thread(target=provider.acquire, args=("busy",), kwargs={"wait": 0.05})
+        for _ in range(10)
+    ]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    provider.release(lease)
+    assert len(provider) == 0
+
+
+def test_a_lock_handle_is_shared_by_threads_like_threading_lock() -> None:
+    provider = LocalProvider()
+    handle = provider.lock("shared", wait=5)
+    total = 0
+
+    def work() -> None:
+        nonlocal total
+        for _ in range(200):
+            with handle:
+                value = total
+                total = value + 1
+
+    threads = [threading.Thread(target=work) for _ in range(4)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert total == 800
+    assert not handle.locked()
+
+
+def test_a_lock_handle_nests_and_reports_timeouts() -> None:
+    provider = LocalProvider()
+    handle = provider.lock("nest", ttl=5, wait=0.1)
+    with handle as outer:
+        with handle as inner:
+            assert (outer.depth, inner.depth) == (1, 2)
+            assert handle.locked() and handle.lease is inner
+        assert handle.lease is outer
+
+        def contend() -> None:
+            with pytest.raises(LockTimeout, match="nest"), handle:
+                pass
+
+        thread = threading.Thread(target=contend)
+        thread.start()
+        thread.join()
+    assert handle.lease is None
+    with pytest.raises(RuntimeError):
+        handle.release()
+    with pytest.raises(ValueError, match="ttl"):
+        provider.lock("x", ttl=-1)
+
+
+def test_a_released_lease_fails_its_check_and_cannot_be_released_twice() -> None:
+    provider = LocalProvider()
+    lease = provider.acquire("once")
+    assert lease is not None
+    lease.check()
+    provider.release(lease)
+    with pytest.raises(LockLost, match="released"):
+        lease.check()
+    with pytest.raises(LockNotOwned):
+        provider.release(lease)
+
+
+def test_a_lease_from_another_provider_is_refused() -> None:
+    first, second = LocalProvider(name="first"), LocalProvider(name="second")
+    lease = first.acquire("x")
+    assert lease is not None
+    with pytest.raises(ValueError, match="first"):
+        second.release(lease)
+    first.release(lease)
+
+
+def test_events_reach_observers_and_a_failing_observer_harms_nothing() -> None:
+    events: list[Event] = []
+
+    def broken(_: Event) -> None:
+        raise RuntimeError("observer bug")
+
+    add_observer(broken)
+    add_observer(events.append)
+    try:
+        provider = LocalProvider()
+        lease = provider.acquire("observed")
+        assert lease is not None
+        provider.extend(lease)
+        provider.release(lease)
+    finally:
+        remove_observer(broken)
+        remove_observer(events.append)
+    kinds = [event.kind for event in events if event.key == "observed"]
+    assert kinds == [EventKind.ACQUIRED, EventKind.EXTENDED, EventKind.RELEASED]
+    assert events[-1].duration is not None and events[-1].duration >= 0
+
+
+def test_release_stops_renewal_before_it_returns(redis_hash: RedisHashProvider, key: str) -> None:
+    lease = redis_hash.acquire(key)
+    assert lease is not None and lease.auto_renew
+    assert watchdog().watching(lease)
+    redis_hash.release(lease)
+    assert not watchdog().watching(lease)
+
+
+def test_a_fixed_ttl_lease_is_never_renewed(redis_hash: RedisHashProvider, key: str) -> None:
+    lease = redis_hash.acquire(key, ttl=5)
+    assert lease is not None and not lease.auto_renew
+    assert not watchdog().watching(lease)
+    redis_hash.release(lease)
+
+
+def test_extend_moves_validity_forward(redis_hash: RedisHashProvider, key: str) -> None:
+    lease = redis_hash.acquire(key, ttl=0.5)
+    assert lease is not None and lease.valid_until is not None
+    before = lease.valid_until
+    time.sleep(0.3)
+    longer = redis_hash.extend(lease, 2)
+    assert longer.ttl == 2 and longer.valid_until is not None
+    assert longer.valid_until > before + 1
+    time.sleep(0.5)
+    longer.check()  # would have expired without the extension
+    redis_hash.release(longer)
+
+
+def test_capabilities_intersect() -> None:
+    both = LocalProvider.capabilities & RedisHashProvider.capabilities
+    assert both == Capabilities(
+        reentrant=True,
+        expires=False,
+        renewable=False,
+        fair=False,
+        fenced=True,
+        cross_process=False,
+        cross_host=False,
+    )
+
+
+def test_the_public_names_are_importable() -> None:
+    for name in [
+        "LockProvider", "Lease", "Lock", "Capabilities", "LockError", "LockTimeout",
+        "LockNotOwned", "LockLost", "BackendUnavailable", "AllBackendsUnavailable", "ConfigError",
+    ]:  # fmt: skip
+        assert hasattr(locks, name), name
+    assert isinstance(LocalProvider(), locks.LockProvider)

@@ -1,0 +1,244 @@
+"""What only the Redis backends promise: outage reporting, key layout, scripts by SHA,
+one subscriber connection, fence counters that expire and restart above themselves."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Iterator
+
+import pytest
+import redis
+from redis.crc import key_slot
+
+from locks import BackendUnavailable, Lease
+from locks.backends import RedisHashProvider, RedisProvider
+from locks.backends.redis import _RedisProviderBase
+from locks.events import Event, EventKind, add_observer, remove_observer
+from tests.ports import free_port
+from tests.servers import RedisServer
+
+PROVIDERS = [RedisProvider, RedisHashProvider]
+
+
+@pytest.fixture(params=PROVIDERS, ids=["redis", "redis-hash"])
+def provider(
+    request: pytest.FixtureRequest, redis_server: RedisServer
+) -> Iterator[_RedisProviderBase]:
+    made: _RedisProviderBase = request.param(redis_server.url)
+    yield made
+    made.close()
+
+
+@pytest.fixture
+def admin(redis_server: RedisServer) -> Iterator[redis.Redis]:
+    client = redis.Redis.from_url(redis_server.url, decode_responses=True)
+    yield client
+    client.close()
+
+
+def test_a_killed_redis_is_reported_within_a_second_then_the_provider_recovers(
+    provider: _RedisProviderBase, redis_server: RedisServer, key: str
+) -> None:
+    lease = provider.acquire(key, ttl=30)
+    assert lease is not None
+    redis_server.kill()
+    started = time.monotonic()
+    with pytest.raises(BackendUnavailable) as caught:
+        provider.acquire(key + ":2", ttl=30)
+    assert time.monotonic() - started < 1.0
+    error = caught.value
+    assert error.backend == provider.name
+    assert error.address == redis_server.address
+    assert redis_server.address in str(error) and provider.name in str(error)
+    with pytest.raises(BackendUnavailable):
+        provider.release(lease)  # a bare provider reports it; only a chain queues it
+    redis_server.start()
+    again = provider.acquire(key, ttl=30, wait=0)
+    assert again is not None  # the restarted server is empty: the old lease is gone
+    provider.release(again)
+
+
+def test_a_paused_redis_is_reported_within_a_second_as_ambiguous(
+    provider: _RedisProviderBase, redis_server: RedisServer, key: str
+) -> None:
+    provider.ping()  # connect while it answers
+    redis_server.pause()
+    try:
+        started = time.monotonic()
+        with pytest.raises(BackendUnavailable) as caught:
+            provider.acquire(key, ttl=30)
+        assert time.monotonic() - started < 1.0
+        # the request may have reached the server: whoever degrades must clean up this token
+        assert caught.value.ambiguous
+        assert caught.value.key is not None and key in caught.value.key
+        assert caught.value.token
+    finally:
+        redis_server.resume()
+    lease = provider.acquire(key, ttl=30, wait=0)
+    assert lease is not None
+    provider.release(lease)
+
+
+def test_the_password_never_appears_in_an_error() -> None:
+    port = free_port()
+    provider = RedisProvider(f"redis://:sup3r-s3cret@127.0.0.1:{port}/0")
+    with pytest.raises(BackendUnavailable) as caught:
+        provider.acquire("k", ttl=1)
+    assert "sup3r-s3cret" not in str(caught.value)
+    assert f"127.0.0.1:{port}" in str(caught.value)
+    provider.close()
+
+
+def commands_processed(admin: redis.Redis) -> int:
+    return int(admin.info("stats")["total_commands_processed"])
+
+
+def test_bad_input_sends_nothing_to_the_server(
+    provider: _RedisProviderBase, admin: redis.Redis
+) -> None:
+    before = commands_processed(admin)
+    for bad in ["", "x" * 10_000, "a\0b", "a\nb"]:
+        with pytest.raises(ValueError, match="key"):
+            provider.acquire(bad)
+    for ttl in [0, -1, float("nan"), float("inf")]:
+        with pytest.raises(ValueError, match="ttl"):
+            provider.acquire("k", ttl=ttl)
+    with pytest.raises(ValueError, match="wait"):
+        provider.acquire("k", wait=-1)
+    assert commands_processed(admin) == before + 1  # the INFO above counts itself once
+
+
+def test_scripts_are_called_by_sha_and_reloaded_after_a_flush(
+    provider: _RedisProviderBase, admin: redis.Redis, key: str
+) -> None:
+    admin.config_resetstat()
+    admin.script_flush()
+    for _ in range(3):
+        lease = provider.acquire(key, ttl=30)
+        assert lease is not None
+        provider.extend(lease, 30)
+        provider.release(lease)
+    stats = admin.info("commandstats")
+    assert "cmdstat_eval" not in stats
+    assert stats["cmdstat_evalsha"]["calls"] >= 9
+
+
+@pytest.mark.parametrize("name", ["plain", "}x", "{a}b", "a{b}c", "{}", "锁:订单", "a%7Bb"])
+def test_every_key_of_a_lock_shares_one_cluster_slot(
+    provider: _RedisProviderBase, name: str
+) -> None:
+    keys = provider._keys(name)
+    slots = {key_slot(k.encode()) for k in (keys.lock, keys.fence, keys.channel)}
+    assert len(slots) == 1
+    assert provider._keys("a{b") != provider._keys("a%7Bb")  # escaping is unambiguous
+
+
+def test_hostile_names_are_stored_verbatim_under_the_prefix(
+    provider: _RedisProviderBase, admin: redis.Redis
+) -> None:
+    for name in ["../x", "a/b", "'; FLUSHALL; --", "}{", "*", "锁:订单"]:
+        lease = provider.acquire(name, ttl=30)
+        assert lease is not None and lease.key == name
+        assert admin.exists(provider._keys(name).lock) == 1
+        provider.release(lease)
+        assert admin.exists(provider._keys(name).lock) == 0
+    assert admin.dbsize() > 0  # nothing was flushed
+
+
+def test_fence_counters_expire_and_restart_above_every_fence_handed_out(
+    redis_server: RedisServer, admin: redis.Redis, key: str
+) -> None:
+    for cls in PROVIDERS:
+        provider = cls(redis_server.url, fence_ttl=0.2)
+        lease = provider.acquire(key, ttl=30)
+        assert lease is not None
+        provider.release(lease)
+        time.sleep(0.3)
+        # nothing of the lock is left in Redis once the counter expired
+        assert admin.keys(f"locks:{{{key}}}*") == []
+        again = provider.acquire(key, ttl=30)
+        assert again is not None and again.fence > lease.fence
+        provider.release(again)
+        provider.close()
+
+
+def test_all_waiters_share_one_subscriber_connection(
+    provider: _RedisProviderBase, admin: redis.Redis, key: str
+) -> None:
+    waiters = 150  # more than redis-py's default pool of 100
+    keys = [f"{key}:{i}" for i in range(waiters)]
+    held = [provider.acquire(k, ttl=30) for k in keys]
+    results: list[Lease | None] = [None] * waiters
+
+    def wait(i: int) -> None:
+        results[i] = provider.acquire(keys[i], ttl=30, wait=20)
+
+    threads = [threading.Thread(target=wait, args=(i,)) for i in range(waiters)]
+    for thread in threads:
+        thread.start()
+    time.sleep(1.0)
+    # every waiter is parked on one pub/sub connection; none holds a connection of its own
+    clients = admin.client_list()
+    assert sum(int(client["sub"]) > 0 for client in clients) == 1
+    assert len(clients) < waiters // 3
+    started = time.monotonic()
+    for lease in held:
+        assert lease is not None
+        provider.release(lease)
+    for thread in threads:
+        thread.join(30)
+    assert time.monotonic() - started < 5  # woken by messages, not by the 30 s PTTL
+    assert all(result is not None for result in results)
+    for result in results:
+        assert result is not None
+        provider.release(result)
+
+
+def test_an_existing_client_is_accepted_even_decoding_responses(
+    redis_server: RedisServer, key: str
+) -> None:
+    client = redis.Redis.from_url(redis_server.url, decode_responses=True)
+    for cls in PROVIDERS:
+        provider = cls(client=client)
+        lease = provider.acquire(key, ttl=30)
+        assert lease is not None
+        assert provider.is_held(lease)
+        provider.release(lease)
+        assert not provider.is_held(lease)
+        provider.close()
+    assert client.ping()  # a client passed in stays open: it is the caller's
+    client.close()
+
+
+def test_renewal_failures_past_validity_mark_the_lease_lost(
+    provider: _RedisProviderBase, redis_server: RedisServer, key: str
+) -> None:
+    provider = type(provider)(redis_server.url, watchdog_ttl=1.0)
+    events: list[Event] = []
+    add_observer(events.append)
+    lost = threading.Event()
+    try:
+        lease = provider.acquire(key, on_lost=lambda _: lost.set())
+        assert lease is not None
+        redis_server.pause()
+        paused_at = time.monotonic()
+        assert lost.wait(3.0)
+        # not before the validity it had, not long after
+        assert 0.3 <= time.monotonic() - paused_at <= 2.0
+        assert lease.lost
+    finally:
+        redis_server.resume()
+        remove_observer(events.append)
+        provider.close()
+    kinds = {event.kind for event in events if event.key == key}
+    assert {EventKind.ACQUIRED, EventKind.BACKEND_ERROR, EventKind.LOST} <= kinds
+
+
+def test_the_provider_rejects_bad_settings_before_connecting() -> None:
+    with pytest.raises(ValueError, match="prefix"):
+        RedisProvider(prefix="a{b}")
+    with pytest.raises(ValueError, match="watchdog_ttl"):
+        RedisProvider(watchdog_ttl=0)
+    with pytest.raises(TypeError, match="client"):
+        RedisProvider(client=object())  # type: ignore[arg-type]
