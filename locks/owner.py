@@ -14,13 +14,15 @@ import secrets
 import threading
 
 _process_id = secrets.token_hex(16)
+_owner_prefix = _process_id + ":"
 _serials = itertools.count(1)
 _local = threading.local()
 
 
 def _new_process_identity() -> None:
-    global _process_id, _serials, _local
+    global _process_id, _owner_prefix, _serials, _local
     _process_id = secrets.token_hex(16)
+    _owner_prefix = _process_id + ":"
     _serials = itertools.count(1)
     _local = threading.local()
 
@@ -37,14 +39,14 @@ def current_owner() -> str:
     """The calling thread's owner id, `<process id>:<thread serial>`."""
     owner: str | None = getattr(_local, "owner", None)
     if owner is None:
-        owner = f"{_process_id}:{next(_serials)}"
+        owner = f"{_owner_prefix}{next(_serials)}"
         _local.owner = owner
     return owner
 
 
 def in_this_process(owner: str) -> bool:
     """Whether `owner` was issued by this process (False in a forked child)."""
-    return owner.startswith(_process_id) and owner[len(_process_id) : len(_process_id) + 1] == ":"
+    return owner.startswith(_owner_prefix)
 
 
 def new_token() -> str:

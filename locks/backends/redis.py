@@ -20,7 +20,7 @@ from redis.exceptions import TimeoutError as RedisTimeoutError
 from redis.retry import Retry
 
 from locks.backends import redis_scripts as scripts
-from locks.backends.redis_notify import ReleaseNotifier
+from locks.backends.redis_notify import NO_RESULT, ReleaseNotifier
 from locks.base import Grant, ProviderBase
 from locks.errors import BackendUnavailable
 from locks.names import check_name, check_seconds, redis_hash_tag
@@ -91,9 +91,8 @@ class _RedisProviderBase(ProviderBase):
     # -- the algorithm's part -----------------------------------------------------------
 
     @abstractmethod
-    def _attempt(self, keys: _Keys, owner: str, token: str, ttl_ms: int) -> tuple[int, Any]:
-        """One try: (1, Grant fields) when taken; (0, pttl) when held by another owner;
-        (2, pttl) when held by this owner on a non-reentrant backend."""
+    def _acquire_args(self, keys: _Keys, owner: str, token: str, ttl_ms: int) -> list[Any]:
+        """ARGV of this algorithm's acquire script."""
 
     # -- shared ------------------------------------------------------------------------------
 
@@ -105,37 +104,48 @@ class _RedisProviderBase(ProviderBase):
     ) -> Grant | None:
         keys = self._keys(key)
         ttl_ms = _ms(ttl)
-        grant_or_pttl = self._try(keys, owner, token, ttl_ms, deadline)
-        if not isinstance(grant_or_pttl, int):
-            return grant_or_pttl
-        with self._notifier.waiting(keys.channel, deadline) as waiter:
-            while True:
-                grant_or_pttl = self._try(keys, owner, token, ttl_ms, deadline)
-                if not isinstance(grant_or_pttl, int):
-                    return grant_or_pttl
+
+        def attempt() -> Grant | int | None:
+            return self._try(keys, owner, token, ttl_ms, deadline)
+
+        outcome = attempt()
+        if not isinstance(outcome, int):
+            return outcome
+        with self._notifier.waiting(keys.channel, deadline, attempt) as waiter:
+            outcome = attempt()
+            while isinstance(outcome, int):
                 # a lost wake-up costs at most the holder's remaining ttl
-                pause = grant_or_pttl / 1000 if grant_or_pttl > 0 else 0.01
+                pause = outcome / 1000 if outcome > 0 else 0.01
                 if deadline is not None:
                     pause = min(pause, deadline - time.monotonic())
-                waiter.wait(pause)
+                result = waiter.wait(pause)
+                outcome = attempt() if result is NO_RESULT else result
+            return outcome
 
     def _try(
         self, keys: _Keys, owner: str, token: str, ttl_ms: int, deadline: float | None
     ) -> Grant | int | None:
         """A Grant, None (give up), or the ms to wait before the next try."""
         sent_at = time.monotonic()
+        args = self._acquire_args(keys, owner, token, ttl_ms)
         try:
-            status, detail = self._attempt(keys, owner, token, ttl_ms)
+            reply = self._acquire_script([keys.lock, keys.fence], args)
         except _UNAVAILABLE as exc:
             raise self._unavailable(exc, ambiguous=True, key=keys.lock, token=token) from exc
-        if status == 1:
-            fence, depth, period_token = detail
-            return Grant(period_token, fence, depth, sent_at)
+        # the reply shapes are described in redis_scripts
+        if isinstance(reply, int):
+            if reply > 0:
+                return Grant(token, reply, 1, sent_at)
+            pttl, own = -reply - 1, False
+        elif len(reply) == 3:
+            return Grant(_text(reply[2]) or token, int(reply[0]), int(reply[1]), sent_at)
+        else:
+            pttl, own = int(reply[0]), True
         if deadline is not None and time.monotonic() >= deadline:
             return None
-        if status == 2 and deadline is None:
+        if own and deadline is None:
             return None  # waiting forever for ourselves would never end
-        return int(detail)
+        return pttl
 
     def _script(self, script: _Script, keys: list[str], args: list[Any]) -> Any:
         try:
@@ -198,11 +208,8 @@ class RedisProvider(_RedisProviderBase):
     release_lua = scripts.PLAIN_RELEASE
     extend_lua = scripts.PLAIN_EXTEND
 
-    def _attempt(self, keys: _Keys, owner: str, token: str, ttl_ms: int) -> tuple[int, Any]:
-        status, detail = self._acquire_script(
-            [keys.lock, keys.fence], [f"{owner}/{token}", ttl_ms, self.fence_ttl_ms, owner + "/"]
-        )
-        return (1, (detail, 1, token)) if status == 1 else (status, detail)
+    def _acquire_args(self, keys: _Keys, owner: str, token: str, ttl_ms: int) -> list[Any]:
+        return [f"{owner}/{token}", ttl_ms, self.fence_ttl_ms]
 
     def _release(self, lease: Lease) -> bool:
         keys = self._keys(lease.key)
@@ -239,13 +246,8 @@ class RedisHashProvider(_RedisProviderBase):
     release_lua = scripts.HASH_RELEASE
     extend_lua = scripts.HASH_EXTEND
 
-    def _attempt(self, keys: _Keys, owner: str, token: str, ttl_ms: int) -> tuple[int, Any]:
-        reply = self._acquire_script(
-            [keys.lock, keys.fence], [token, ttl_ms, self.fence_ttl_ms, owner]
-        )
-        if reply[0] == 1:
-            return 1, (int(reply[1]), int(reply[2]), _text(reply[3]))
-        return 0, reply[1]
+    def _acquire_args(self, keys: _Keys, owner: str, token: str, ttl_ms: int) -> list[Any]:
+        return [token, ttl_ms, self.fence_ttl_ms, owner]
 
     def _release(self, lease: Lease) -> bool:
         keys = self._keys(lease.key)

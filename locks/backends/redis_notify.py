@@ -21,7 +21,8 @@ import time
 from collections import deque
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from typing import Any
+from enum import Enum
+from typing import Any, Generic, TypeVar
 
 from redis import Redis
 from redis.client import PubSub
@@ -31,18 +32,63 @@ from locks.errors import BackendUnavailable
 
 logger = logging.getLogger("locks")
 
+T = TypeVar("T")
 
-class Waiter:
-    __slots__ = ("_woken",)
 
-    def __init__(self) -> None:
+class _NoResult(Enum):
+    NO_RESULT = "retry yourself"
+
+
+NO_RESULT = _NoResult.NO_RESULT
+
+_BUSY, _SLEEPING, _CLAIMED = range(3)
+
+
+class Waiter(Generic[T]):
+    """A thread waiting for one lock.
+
+    While it sleeps, the subscriber thread may claim it and run its next `attempt`
+    itself the moment a release arrives: the attempt then reaches Redis before the
+    sleeping thread could even be scheduled, which is most of a hand-off's latency.
+    Its state changes under the notifier's lock: BUSY (its own thread is running),
+    SLEEPING, CLAIMED (an attempt is under way on its behalf; the result follows).
+    """
+
+    __slots__ = ("_attempt", "_lock", "_pending", "_result", "_state", "_woken")
+
+    def __init__(self, attempt: Callable[[], T], lock: threading.Lock) -> None:
+        self._attempt = attempt
+        self._lock = lock
         self._woken = threading.Event()
+        self._state = _BUSY
+        self._pending = False  # woken while busy: try again at once instead of sleeping
+        self._result: T | _NoResult = NO_RESULT
 
-    def wait(self, timeout: float | None) -> bool:
-        """Sleep until woken or `timeout`; True if woken. Consumes the wake-up."""
-        woken = self._woken.wait(timeout)
-        self._woken.clear()
-        return woken
+    def wait(self, timeout: float | None) -> T | _NoResult:
+        """Sleep until woken or `timeout`. Returns the outcome of an attempt made on
+        this waiter's behalf, or NO_RESULT when it should try again itself."""
+        with self._lock:
+            if self._pending:
+                self._pending = False
+                return NO_RESULT
+            self._state = _SLEEPING
+        self._woken.wait(timeout)
+        with self._lock:
+            claimed = self._state == _CLAIMED
+        if claimed:  # the attempt under way ends within a socket timeout
+            self._woken.wait()
+        with self._lock:
+            self._state = _BUSY
+            self._woken.clear()
+            result, self._result = self._result, NO_RESULT
+            return result
+
+    def _wake(self) -> None:
+        """Wake without an attempt (under the notifier's lock)."""
+        if self._state == _SLEEPING:
+            self._woken.set()
+        else:
+            self._pending = True
 
 
 class ReleaseNotifier:
@@ -62,17 +108,20 @@ class ReleaseNotifier:
     def _reset(self) -> None:
         self._pid = os.getpid()
         self._lock = threading.Lock()
-        self._waiters: dict[str, deque[Waiter]] = {}
+        self._waiters: dict[str, deque[Waiter[Any]]] = {}
         self._subscribed: dict[str, threading.Event] = {}
         self._idle_since: dict[str, float] = {}  # subscribed channels nobody waits on
         self._pubsub: PubSub | None = None
         self._closed = False
 
     @contextmanager
-    def waiting(self, channel: str, deadline: float | None) -> Iterator[Waiter]:
-        """Register a waiter on `channel`; on entry the subscription is confirmed (or the
-        confirmation took too long), so a release published from then on wakes someone."""
-        waiter = Waiter()
+    def waiting(
+        self, channel: str, deadline: float | None, attempt: Callable[[], T]
+    ) -> Iterator[Waiter[T]]:
+        """Register a waiter on `channel` whose next try is `attempt`. On entry the
+        subscription is confirmed (or the confirmation took too long), so a release
+        published from then on reaches a waiter."""
+        waiter = Waiter(attempt, self._lock)
         try:
             with self._lock:
                 if self._pid != os.getpid():  # forked: the parent's subscriber is not ours
@@ -108,14 +157,14 @@ class ReleaseNotifier:
         except RedisError as exc:
             raise self._unavailable(exc) from exc
 
-    def _leave(self, channel: str, waiter: Waiter) -> None:
+    def _leave(self, channel: str, waiter: Waiter[Any]) -> None:
         with self._lock:
             queue = self._waiters.get(channel)
             if queue is None or waiter not in queue:
                 return
             queue.remove(waiter)
-            if waiter._woken.is_set():
-                self._wake_one(queue)
+            if waiter._pending and queue:  # a wake-up it did not use goes to the next
+                queue[0]._wake()
             if not queue:
                 del self._waiters[channel]
                 self._idle_since[channel] = time.monotonic()
@@ -137,13 +186,6 @@ class ReleaseNotifier:
             except RedisError as exc:  # the reconnect will not resubscribe them either
                 logger.debug("unsubscribe from %d channels failed: %s", len(idle), exc)
 
-    @staticmethod
-    def _wake_one(queue: deque[Waiter]) -> None:
-        for waiter in queue:
-            if not waiter._woken.is_set():
-                waiter._woken.set()
-                return
-
     def _run(self, pubsub: PubSub) -> None:
         while True:
             with self._lock:
@@ -164,17 +206,37 @@ class ReleaseNotifier:
         channel = message["channel"]
         if isinstance(channel, bytes):
             channel = channel.decode()
+        if kind == "message":
+            self._released(channel)
+            return
         with self._lock:
-            if kind == "message":
-                queue = self._waiters.get(channel)
-                if queue:
-                    self._wake_one(queue)
-            elif kind == "subscribe":
+            if kind == "subscribe":
                 if channel in self._subscribed:
                     self._subscribed[channel].set()
             elif kind == "unsubscribe" and channel in self._subscribed:
                 # a confirmation read before this belonged to the previous subscription
                 self._subscribed[channel].clear()
+
+    def _released(self, channel: str) -> None:
+        """Run the next attempt of the longest-sleeping waiter on `channel`."""
+        with self._lock:
+            queue = self._waiters.get(channel)
+            if not queue:
+                return
+            target = next((w for w in queue if w._state == _SLEEPING), None)
+            if target is None:  # all are trying already; the first tries once more
+                queue[0]._pending = True
+                return
+            target._state = _CLAIMED
+        result: Any
+        try:
+            result = target._attempt()
+        except Exception as exc:  # its own retry will meet the error and report it
+            logger.debug("attempt on behalf of a waiter failed: %s", exc)
+            result = NO_RESULT
+        with self._lock:
+            target._result = result
+            target._woken.set()
 
     def _connection_broke(self, exc: BaseException) -> None:
         """Wake every waiter: each retries now and either wins or reports the outage."""
@@ -184,7 +246,7 @@ class ReleaseNotifier:
                 event.clear()
             for queue in self._waiters.values():
                 for waiter in queue:
-                    waiter._woken.set()
+                    waiter._wake()
 
     def close(self) -> None:
         with self._lock:
@@ -192,6 +254,6 @@ class ReleaseNotifier:
             pubsub, self._pubsub = self._pubsub, None
             for queue in self._waiters.values():
                 for waiter in queue:
-                    waiter._woken.set()
+                    waiter._wake()
         if pubsub is not None and self._pid == os.getpid():
             pubsub.close()

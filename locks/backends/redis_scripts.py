@@ -3,6 +3,13 @@
 Every script touches only keys of one lock, which share a hash tag, so all of them
 run on Redis Cluster. The release channel is passed in ARGV: channels are not keys.
 
+Both acquire scripts answer in one shape, as cheap to parse as possible on the hot
+path (a bare integer):
+  fence > 0                a fresh grant (depth 1, under the token passed in)
+  -1 - pttl  (<= 0)        held by another owner for pttl more ms (-1: no expiry)
+  {fence, depth, token}    a reentrant grant inside the owner's current period
+  {pttl}                   held by this very owner on a non-reentrant backend
+
 Fence rule (shared by both acquire scripts): each lock has a counter key. A grant
 increments it; when the increment finds no counter (first use, or the counter
 expired), the counter is seeded from the server clock in microseconds, with a
@@ -22,22 +29,22 @@ if fence == 1 then
 end
 """
 
-# KEYS: lock, fence.  ARGV: value (owner .. '/' .. token), ttl ms, fence ttl ms, owner .. '/'
-# Returns {1, fence} when taken; {0, pttl} when another owner holds it;
-#         {2, pttl} when this owner already holds it (not reentrant: a caller that
-#         waits forever for itself would deadlock).
+# KEYS: lock, fence.  ARGV: value (owner .. '/' .. token), ttl ms, fence ttl ms
+# Telling the holder's own second acquire apart lets a caller that would wait forever
+# for itself be refused instead of deadlocked.
 PLAIN_ACQUIRE = (
     """
 if redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then
 """
     + _NEXT_FENCE
     + """
-  return {1, fence}
+  return fence
 end
 local holder = redis.call('GET', KEYS[1])
 local pttl = redis.call('PTTL', KEYS[1])
-if holder and string.sub(holder, 1, string.len(ARGV[4])) == ARGV[4] then return {2, pttl} end
-return {0, pttl}
+local owner = string.match(ARGV[1], '^[^/]*/')
+if holder and string.sub(holder, 1, string.len(owner)) == owner then return {pttl} end
+return -1 - pttl
 """
 )
 
@@ -63,7 +70,6 @@ return 0
 # period (owner ids never start with '~'), so a stale lease of an earlier period of the
 # same owner cannot release or renew the current one.
 # KEYS: lock, fence.  ARGV: token, ttl ms, fence ttl ms, owner
-# Returns {1, fence, depth, token} when taken or re-entered; {0, pttl} when held by another.
 HASH_ACQUIRE = (
     """
 if redis.call('EXISTS', KEYS[1]) == 0 then
@@ -72,15 +78,15 @@ if redis.call('EXISTS', KEYS[1]) == 0 then
     + """
   redis.call('HSET', KEYS[1], ARGV[4], 1, '~token', ARGV[1], '~fence', string.format('%d', fence))
   redis.call('PEXPIRE', KEYS[1], ARGV[2])
-  return {1, fence, 1, ARGV[1]}
+  return fence
 end
 if redis.call('HEXISTS', KEYS[1], ARGV[4]) == 1 then
   local depth = redis.call('HINCRBY', KEYS[1], ARGV[4], 1)
   redis.call('PEXPIRE', KEYS[1], ARGV[2])
   local period = redis.call('HMGET', KEYS[1], '~fence', '~token')
-  return {1, tonumber(period[1]), depth, period[2]}
+  return {tonumber(period[1]), depth, period[2]}
 end
-return {0, redis.call('PTTL', KEYS[1])}
+return -1 - redis.call('PTTL', KEYS[1])
 """
 )
 
