@@ -51,7 +51,7 @@ def handoff_ms(contender: Contender, samples: int) -> float:
         held = contender.acquire(key)
         acquired_at: list[float] = []
 
-        def wait(key: str = key) -> None:
+        def wait(key: str = key, acquired_at: list[float] = acquired_at) -> None:
             handle = contender.acquire(key)
             acquired_at.append(time.perf_counter())
             contender.release(handle)

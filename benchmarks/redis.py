@@ -40,7 +40,10 @@ def raw_set_del(url: str) -> Contender:
             pass  # spin: only the uncontended figure of this floor is reported
         return key
 
-    return Contender("raw SET NX PX + DEL", acquire, lambda key: client.delete(key), client.close)
+    def release(key: str) -> None:
+        client.delete(key)
+
+    return Contender("raw SET NX PX + DEL", acquire, release, client.close)
 
 
 def redis_py_lock(url: str) -> Contender:

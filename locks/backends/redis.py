@@ -32,6 +32,7 @@ _UNAVAILABLE = (RedisConnectionError, RedisTimeoutError, ReadOnlyError, OSError)
 
 @dataclass(frozen=True, slots=True)
 class _Keys:
+    name: str  # the lock's name, as the caller gave it
     lock: str
     fence: str
     channel: str
@@ -131,7 +132,7 @@ class _RedisProviderBase(ProviderBase):
         try:
             reply = self._acquire_script([keys.lock, keys.fence], args)
         except _UNAVAILABLE as exc:
-            raise self._unavailable(exc, ambiguous=True, key=keys.lock, token=token) from exc
+            raise self._unavailable(exc, ambiguous=True, key=keys.name, token=token) from exc
         # the reply shapes are described in redis_scripts
         if isinstance(reply, int):
             if reply > 0:
@@ -293,7 +294,7 @@ class _Script:
 def _keys(prefix: str, key: str) -> _Keys:
     """The lock key, fence key and release channel of `key`, sharing one hash tag."""
     base = f"{prefix}:{{{redis_hash_tag(key)}}}"
-    return _Keys(base, base + ":fence", base + ":released")
+    return _Keys(key, base, base + ":fence", base + ":released")
 
 
 def _plain_value(lease: Lease) -> str:

@@ -44,6 +44,15 @@ NO_RESULT = _NoResult.NO_RESULT
 _BUSY, _SLEEPING, _CLAIMED = range(3)
 
 
+class _Failure:
+    """An attempt made for a waiter raised `error`; the waiter re-raises it."""
+
+    __slots__ = ("error",)
+
+    def __init__(self, error: Exception) -> None:
+        self.error = error
+
+
 class Waiter(Generic[T]):
     """A thread waiting for one lock.
 
@@ -62,11 +71,12 @@ class Waiter(Generic[T]):
         self._woken = threading.Event()
         self._state = _BUSY
         self._pending = False  # woken while busy: try again at once instead of sleeping
-        self._result: T | _NoResult = NO_RESULT
+        self._result: T | _NoResult | _Failure = NO_RESULT
 
     def wait(self, timeout: float | None) -> T | _NoResult:
         """Sleep until woken or `timeout`. Returns the outcome of an attempt made on
-        this waiter's behalf, or NO_RESULT when it should try again itself."""
+        this waiter's behalf (raising what it raised), or NO_RESULT when it should try
+        again itself."""
         with self._lock:
             if self._pending:
                 self._pending = False
@@ -81,7 +91,9 @@ class Waiter(Generic[T]):
             self._state = _BUSY
             self._woken.clear()
             result, self._result = self._result, NO_RESULT
-            return result
+        if isinstance(result, _Failure):
+            raise result.error
+        return result
 
     def _wake(self) -> None:
         """Wake without an attempt (under the notifier's lock)."""
@@ -231,9 +243,8 @@ class ReleaseNotifier:
         result: Any
         try:
             result = target._attempt()
-        except Exception as exc:  # its own retry will meet the error and report it
-            logger.debug("attempt on behalf of a waiter failed: %s", exc)
-            result = NO_RESULT
+        except Exception as exc:  # the waiter raises it: it may say the lock was taken
+            result = _Failure(exc)
         with self._lock:
             target._result = result
             target._woken.set()
