@@ -4,6 +4,8 @@ handle, events, the watchdog's bookkeeping."""
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -265,3 +267,24 @@ def test_the_public_names_are_importable() -> None:
     ]:  # fmt: skip
         assert hasattr(locks, name), name
     assert isinstance(LocalProvider(), locks.LockProvider)
+
+
+def test_the_core_imports_without_any_server_client() -> None:
+    # `pip install fallback-locks` alone pulls no client: the core and `local` must work
+    code = (
+        "import sys\n"
+        "for name in ('redis', 'kazoo', 'sqlalchemy', 'pymysql'):\n"
+        "    sys.modules[name] = None  # any import of them now fails\n"
+        "import locks, locks.backends\n"
+        "provider = locks.backends.LocalProvider()\n"
+        "with provider.lock('x', wait=0) as lease:\n"
+        "    assert lease.fence > 0\n"
+        "try:\n"
+        "    locks.backends.RedisProvider\n"
+        "except ImportError as exc:\n"
+        "    assert 'fallback-locks[redis]' in str(exc), exc\n"
+        "else:\n"
+        "    raise AssertionError('RedisProvider imported without redis')\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
