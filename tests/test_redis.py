@@ -275,3 +275,24 @@ def test_the_provider_rejects_bad_settings_before_connecting() -> None:
         RedisProvider(watchdog_ttl=0)
     with pytest.raises(TypeError, match="client"):
         RedisProvider(client=object())  # type: ignore[arg-type]
+
+
+def test_a_failed_subscribe_leaves_no_trace(redis_server: RedisServer, key: str) -> None:
+    provider = RedisProvider(redis_server.url)
+    lease = provider.acquire(key, ttl=30)
+    assert lease is not None
+    notifier = provider._notifier
+    redis_server.kill()
+    with pytest.raises(BackendUnavailable), notifier.waiting("chan", None, lambda: 0):
+        pass
+    assert notifier._waiters == {} and notifier._subscribed == {}
+    redis_server.start()
+    lease = provider.acquire(key, ttl=30)  # the restarted server is empty
+    assert lease is not None
+    # the next waiter subscribes afresh and is woken by the release
+    started = time.monotonic()
+    threading.Timer(0.3, provider.release, args=(lease,)).start()
+    other = provider.acquire(key, ttl=30, wait=10)
+    assert other is not None and time.monotonic() - started < 1.0
+    provider.release(other)
+    provider.close()

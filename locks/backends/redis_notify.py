@@ -140,10 +140,9 @@ class ReleaseNotifier:
                     self._reset()
                 queue = self._waiters.get(channel)
                 if queue is None:
-                    queue = self._waiters[channel] = deque()
                     if self._idle_since.pop(channel, None) is None:
-                        self._subscribed[channel] = threading.Event()
                         self._subscribe(channel)
+                    queue = self._waiters[channel] = deque()
                 subscribed = self._subscribed[channel]
                 queue.append(waiter)
             bound = self._confirm_timeout
@@ -155,19 +154,18 @@ class ReleaseNotifier:
             self._leave(channel, waiter)
 
     def _subscribe(self, channel: str) -> None:
-        # under self._lock: subscribe and unsubscribe must reach Redis in the order decided
+        """Under self._lock, so subscribes and unsubscribes reach Redis in the order
+        decided. On failure nothing is recorded: the next waiter subscribes afresh."""
+        if self._pubsub is None:
+            self._pubsub = self._client.pubsub()  # type: ignore[no-untyped-call]
+            threading.Thread(
+                target=self._run, args=(self._pubsub,), name="locks-redis-notify", daemon=True
+            ).start()
         try:
-            if self._pubsub is None:
-                self._pubsub = self._client.pubsub()  # type: ignore[no-untyped-call]
-                self._pubsub.subscribe(channel)
-                pubsub = self._pubsub
-                threading.Thread(
-                    target=self._run, args=(pubsub,), name="locks-redis-notify", daemon=True
-                ).start()
-            else:
-                self._pubsub.subscribe(channel)
+            self._pubsub.subscribe(channel)
         except RedisError as exc:
             raise self._unavailable(exc) from exc
+        self._subscribed[channel] = threading.Event()
 
     def _leave(self, channel: str, waiter: Waiter[Any]) -> None:
         with self._lock:
