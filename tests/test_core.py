@@ -286,5 +286,5 @@ def test_the_core_imports_without_any_server_client() -> None:
         "else:\n"
         "    raise AssertionError('RedisProvider imported without redis')\n"
     )
-    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    done = subprocess.run([sys.executable, "-c", code], check=False, capture_output=True, text=True)
     assert done.returncode == 0, done.stderr
