@@ -8,8 +8,7 @@ import dataclasses
 import time
 from abc import ABC, abstractmethod
 from collections.abc import Callable
-from dataclasses import dataclass
-from typing import ClassVar, ParamSpec, TypeVar
+from typing import ClassVar, NamedTuple, ParamSpec, TypeVar
 
 from locks.errors import BackendUnavailable, LockNotOwned
 from locks.events import EventKind, emit
@@ -22,8 +21,7 @@ P = ParamSpec("P")
 R = TypeVar("R")
 
 
-@dataclass(frozen=True, slots=True)
-class Grant:
+class Grant(NamedTuple):
     """What a backend's `_acquire` reports on success."""
 
     token: str  # the acquisition's token (the outer one, for a reentrant grant)

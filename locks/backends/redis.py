@@ -105,13 +105,13 @@ class _RedisProviderBase(ProviderBase):
     ) -> Grant | None:
         keys = self._keys(key)
         ttl_ms = _ms(ttl)
+        outcome = self._try(keys, owner, token, ttl_ms, deadline)
+        if not isinstance(outcome, int):
+            return outcome
 
         def attempt() -> Grant | int | None:
             return self._try(keys, owner, token, ttl_ms, deadline)
 
-        outcome = attempt()
-        if not isinstance(outcome, int):
-            return outcome
         with self._notifier.waiting(keys.channel, deadline, attempt) as waiter:
             outcome = attempt()
             while isinstance(outcome, int):
