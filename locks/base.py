@@ -60,6 +60,9 @@ class ProviderBase(ABC):
     @abstractmethod
     def _is_held(self, lease: Lease) -> bool: ...
 
+    def _granted(self, lease: Lease) -> None:  # noqa: B027 - a hook, empty by default
+        """Hook: a lease was made from a grant (for backends that track their leases)."""
+
     @abstractmethod
     def ping(self) -> None:
         """Raise `BackendUnavailable` unless the backend answers."""
@@ -105,6 +108,7 @@ class ProviderBase(ABC):
         )
         if lease.auto_renew:
             watchdog().watch(lease, self._renew, self)
+        self._granted(lease)
         emit(EventKind.ACQUIRED, self.name, key, lease, duration=time.monotonic() - started)
         return lease
 

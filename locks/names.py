@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 import unicodedata
+from urllib.parse import quote
 
 MAX_NAME_LENGTH = 255
 
@@ -61,3 +62,10 @@ def redis_hash_tag(name: str) -> str:
     """`name` with braces escaped, so `{tag}` is the whole name and every key of a lock
     lands in one Redis Cluster slot (a name like `}x` would otherwise leave an empty tag)."""
     return name.replace("%", "%25").replace("{", "%7B").replace("}", "%7D")
+
+
+def zookeeper_node_name(name: str) -> str:
+    """`name` as one ZooKeeper path segment: UTF-8 percent-encoded, dots included, so no
+    name can climb out of the lock root (`..`), split into segments (`/`) or carry
+    characters ZooKeeper refuses. The encoding is one-to-one."""
+    return quote(name, safe="-_:").replace(".", "%2E")

@@ -44,13 +44,14 @@ class LeaseState:
     """The parts of a lease that change after it is granted, guarded by one lock and
     written only by its provider and the watchdog."""
 
-    __slots__ = ("_callbacks", "_lock", "ended", "lost", "reason", "valid_until")
+    __slots__ = ("_callbacks", "_lock", "ended", "lost", "reason", "suspended", "valid_until")
 
     def __init__(self, valid_until: float | None, on_lost: LostCallback | None = None) -> None:
         self._lock = threading.Lock()
         self.valid_until = valid_until
         self.lost = False
         self.ended = False  # released by its holder
+        self.suspended = False  # its backend's session is in doubt (ZooKeeper SUSPENDED)
         self.reason = ""
         self._callbacks: list[LostCallback] = [] if on_lost is None else [on_lost]
 
@@ -114,6 +115,8 @@ class Lease:
             raise LockLost(f"{where} was lost: {state.reason}")
         if state.ended:
             raise LockLost(f"{where} was released")
+        if state.suspended:
+            raise LockLost(f"{where} is in doubt: the connection to its backend is suspended")
         valid_until = state.valid_until
         if valid_until is not None and time.monotonic() > valid_until - self.drift:
             raise LockLost(f"{where} expired")

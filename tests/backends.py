@@ -8,7 +8,7 @@ from typing import Any
 
 import redis
 
-from locks.backends import LocalProvider, RedisHashProvider, RedisProvider
+from locks.backends import LocalProvider, RedisHashProvider, RedisProvider, ZooKeeperProvider
 from locks.base import ProviderBase
 from locks.names import redis_hash_tag
 from locks.provider import Capabilities
@@ -18,6 +18,7 @@ CLASSES: dict[str, type[ProviderBase]] = {
     "local": LocalProvider,
     "redis": RedisProvider,
     "redis-hash": RedisHashProvider,
+    "zookeeper": ZooKeeperProvider,
 }
 
 # the server fixture each kind needs, if any
@@ -25,6 +26,14 @@ SERVERS: dict[str, str | None] = {
     "local": None,
     "redis": "redis_server",
     "redis-hash": "redis_server",
+    "zookeeper": "zookeeper_server",
+}
+
+# an address of each kind where nobody listens, given a free port
+DEAD_ADDRESS = {
+    "redis": "redis://127.0.0.1:{port}/0",
+    "redis-hash": "redis://127.0.0.1:{port}/0",
+    "zookeeper": "127.0.0.1:{port}",
 }
 
 
@@ -63,7 +72,7 @@ class Backend:
         """A provider of this kind whose server address has nobody listening."""
         if self.address is None:
             return self.make()
-        dead = f"redis://127.0.0.1:{free_port()}/0"
+        dead = DEAD_ADDRESS[self.kind].format(port=free_port())
         return self._made(make_provider(self.kind, dead))
 
     def _made(self, provider: ProviderBase) -> ProviderBase:

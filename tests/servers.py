@@ -158,3 +158,156 @@ def redis_server(redis_session: RedisServer) -> Iterator[RedisServer]:
     redis_session.ensure_running()
     yield redis_session
     redis_session.ensure_running()
+
+
+class ZooKeeperServer(ServerProcess):
+    """A standalone ZooKeeper (Debian's `zookeeper` package, Java) with a short tick, so
+    sessions can be as short as 0.4 s and expiry tests stay fast."""
+
+    name = "zookeeper"
+    tick_ms = 200
+
+    def __init__(self, workdir: Path) -> None:
+        super().__init__(workdir)
+        self.java = require_binary("java", "/usr/bin/java")
+        jar = Path("/usr/share/java/zookeeper.jar")
+        if not jar.exists():
+            pytest.fail(f"ZooKeeper is not installed; install it with: {INSTALL_HINT}")
+        # Debian's jar names its other jars itself but ships no logging binding
+        self.classpath = f"{jar}:/usr/share/java/slf4j-simple.jar"
+        (workdir / "data").mkdir(exist_ok=True)
+        (workdir / "zoo.cfg").write_text(
+            f"tickTime={self.tick_ms}\n"
+            f"dataDir={workdir / 'data'}\n"
+            f"clientPort={self.port}\n"
+            "clientPortAddress=127.0.0.1\n"
+            f"minSessionTimeout={2 * self.tick_ms}\n"
+            "maxSessionTimeout=60000\n"
+            "maxClientCnxns=0\n"
+            "admin.enableServer=false\n"
+            "4lw.commands.whitelist=stat,ruok,srvr\n"
+            "forceSync=no\n"
+        )
+
+    @property
+    def hosts(self) -> str:
+        return self.address
+
+    url = hosts
+
+    def command(self) -> list[str]:
+        return [
+            self.java, "-Xmx256m", "-XX:+UseSerialGC", "-Xshare:auto",
+            "-Dzookeeper.jmx.log4j.disable=true",
+            # empty lock parents (container nodes) are swept every 0.3 s, not every minute
+            "-Dznode.container.checkIntervalMs=300",
+            "-cp", self.classpath,
+            "org.apache.zookeeper.server.quorum.QuorumPeerMain",
+            str(self.workdir / "zoo.cfg"),
+        ]  # fmt: skip
+
+    def ready(self) -> bool:
+        # `ruok` answers before the server serves; `srvr` names the mode once it does
+        return _answers(self.port, b"srvr", b"Mode: standalone")
+
+
+class MariaDBServer(ServerProcess):
+    """A MariaDB in a temp dir (`mariadb-install-db`, then `mariadbd` on a free port)
+    with a `locks` database and a `locks` user allowed DML on it only."""
+
+    name = "mariadb"
+    password = "locks-test-pw"
+
+    def __init__(self, workdir: Path) -> None:
+        super().__init__(workdir)
+        self.binary = require_binary("mariadbd", "/usr/sbin/mariadbd")
+        self.install_db = require_binary("mariadb-install-db", "/usr/bin/mariadb-install-db")
+        self.client = require_binary("mariadb", "/usr/bin/mariadb")
+        self.datadir = workdir / "data"
+        self.socket = workdir / "mariadb.sock"
+        if not self.datadir.exists():
+            subprocess.run(
+                [
+                    self.install_db, "--no-defaults", f"--datadir={self.datadir}",
+                    "--user=root", "--auth-root-authentication-method=normal",
+                    "--skip-test-db", "--skip-name-resolve",
+                ],
+                check=True, cwd=workdir, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+            )  # fmt: skip
+        self._initialised = False
+
+    @property
+    def url(self) -> str:
+        return f"mysql+pymysql://locks:{self.password}@{self.address}/locks?charset=utf8mb4"
+
+    @property
+    def root_url(self) -> str:
+        return f"mysql+pymysql://root@{self.address}/locks?charset=utf8mb4"
+
+    def command(self) -> list[str]:
+        return [
+            self.binary, "--no-defaults", f"--datadir={self.datadir}",
+            f"--socket={self.socket}", f"--pid-file={self.workdir / 'mariadb.pid'}",
+            f"--port={self.port}", "--bind-address=127.0.0.1", "--user=root",
+            "--skip-name-resolve", "--innodb-flush-log-at-trx-commit=2",
+            "--innodb-buffer-pool-size=64M", "--max-connections=500",
+            "--character-set-server=utf8mb4", "--collation-server=utf8mb4_bin",
+        ]  # fmt: skip
+
+    def ready(self) -> bool:
+        return self.socket.exists() and self.sql("SELECT 1", check=False) == "1"
+
+    def sql(self, statement: str, *, check: bool = True) -> str:
+        """Run `statement` as root through the Unix socket; return its output."""
+        done = subprocess.run(
+            [self.client, "--no-defaults", f"--socket={self.socket}", "-uroot", "-N", "-B",
+             "-e", statement],
+            check=check, capture_output=True, text=True,
+        )  # fmt: skip
+        return done.stdout.strip()
+
+    def start(self, timeout: float = 30.0) -> None:
+        super().start(timeout)
+        if not self._initialised:
+            self.sql(
+                "CREATE DATABASE IF NOT EXISTS locks CHARACTER SET utf8mb4;"
+                f"CREATE USER IF NOT EXISTS 'locks'@'127.0.0.1' IDENTIFIED BY '{self.password}';"
+                f"CREATE USER IF NOT EXISTS 'locks'@'localhost' IDENTIFIED BY '{self.password}';"
+                "GRANT SELECT, INSERT, UPDATE, DELETE, CREATE ON locks.* TO 'locks'@'127.0.0.1';"
+                "GRANT SELECT, INSERT, UPDATE, DELETE, CREATE ON locks.* TO 'locks'@'localhost';"
+            )
+            self._initialised = True
+
+
+@pytest.fixture(scope="session")
+def zookeeper_session(server_dir: Path) -> Iterator[ZooKeeperServer]:
+    workdir = server_dir / "zookeeper"
+    workdir.mkdir()
+    server = ZooKeeperServer(workdir)
+    server.start()
+    yield server
+    server.stop()
+
+
+@pytest.fixture
+def zookeeper_server(zookeeper_session: ZooKeeperServer) -> Iterator[ZooKeeperServer]:
+    zookeeper_session.ensure_running()
+    yield zookeeper_session
+    zookeeper_session.ensure_running()
+
+
+@pytest.fixture(scope="session")
+def mariadb_session(server_dir: Path) -> Iterator[MariaDBServer]:
+    workdir = server_dir / "mariadb"
+    workdir.mkdir()
+    server = MariaDBServer(workdir)
+    server.start()
+    yield server
+    server.stop()
+
+
+@pytest.fixture
+def mariadb_server(mariadb_session: MariaDBServer) -> Iterator[MariaDBServer]:
+    mariadb_session.ensure_running()
+    yield mariadb_session
+    mariadb_session.ensure_running()

@@ -10,12 +10,14 @@ from locks.backends.local import LocalProvider
 
 if TYPE_CHECKING:
     from locks.backends.redis import RedisHashProvider, RedisProvider
+    from locks.backends.zookeeper import ZooKeeperProvider
 
-__all__ = ["LocalProvider", "RedisHashProvider", "RedisProvider"]
+__all__ = ["LocalProvider", "RedisHashProvider", "RedisProvider", "ZooKeeperProvider"]
 
 _LAZY = {
     "RedisProvider": ("locks.backends.redis", "redis"),
     "RedisHashProvider": ("locks.backends.redis", "redis"),
+    "ZooKeeperProvider": ("locks.backends.zookeeper", "zookeeper"),
 }
 
 
