@@ -47,6 +47,8 @@ def kinds(**required: bool) -> list[str]:
 
 
 def make_provider(kind: str, address: str | None, **options: Any) -> ProviderBase:
+    if kind == "zookeeper-short-session":  # a holder whose death is noticed within 1 s
+        return ZooKeeperProvider(address or "", session_timeout=1.0)
     cls = CLASSES[kind]
     if address is None:
         return cls(**options)

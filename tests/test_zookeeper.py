@@ -1,0 +1,207 @@
+"""What only the ZooKeeper backend promises: the session is the lease, waiters are served
+in arrival order, parents are swept, names cannot leave the root."""
+
+from __future__ import annotations
+
+import multiprocessing
+import os
+import signal
+import threading
+import time
+from collections.abc import Iterator
+
+import pytest
+from kazoo.client import KazooClient
+
+from locks import BackendUnavailable, LockLost
+from locks.backends import ZooKeeperProvider
+from locks.names import zookeeper_node_name
+from tests import workers
+from tests.servers import ZooKeeperServer
+
+SPAWN = multiprocessing.get_context("spawn")
+
+
+@pytest.fixture
+def zk(zookeeper_server: ZooKeeperServer) -> Iterator[ZooKeeperProvider]:
+    provider = ZooKeeperProvider(zookeeper_server.hosts, session_timeout=2.0)
+    yield provider
+    provider.close()
+
+
+@pytest.fixture
+def admin(zookeeper_server: ZooKeeperServer) -> Iterator[KazooClient]:
+    client = KazooClient(hosts=zookeeper_server.hosts)
+    client.start(timeout=10)
+    yield client
+    client.stop()
+    client.close()
+
+
+def wait_for(condition: object, timeout: float) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if callable(condition) and condition():
+            return True
+        time.sleep(0.02)
+    return False
+
+
+def test_a_killed_holder_frees_the_lock_when_its_session_expires(
+    zk: ZooKeeperProvider, zookeeper_server: ZooKeeperServer, key: str
+) -> None:
+    held = SPAWN.Event()
+    session = 1.0
+    child = SPAWN.Process(
+        target=workers.hold_until_killed,
+        args=("zookeeper-short-session", zookeeper_server.hosts, key, 30.0, held),
+    )
+    child.start()
+    try:
+        assert held.wait(30)
+        assert zk.acquire(key, wait=0) is None
+        assert child.pid is not None
+        os.kill(child.pid, signal.SIGKILL)
+        killed_at = time.monotonic()
+        lease = zk.acquire(key, wait=session + 2)
+        assert lease is not None
+        assert time.monotonic() - killed_at <= session + 2
+        zk.release(lease)
+    finally:
+        child.kill()
+        child.join()
+
+
+def test_an_expired_session_loses_its_leases(
+    zk: ZooKeeperProvider, zookeeper_server: ZooKeeperServer, key: str
+) -> None:
+    lost = threading.Event()
+    lease = zk.acquire(key, on_lost=lambda _: lost.set())
+    assert lease is not None
+    lease.check()
+    # the classic way to expire a session: another client takes it over and closes it
+    session_id, password = zk.client.client_id
+    thief = KazooClient(hosts=zookeeper_server.hosts, client_id=(session_id, password))
+    thief.start(timeout=10)
+    thief.stop()
+    thief.close()
+    assert lost.wait(10), "on_lost was not called"
+    assert lease.lost
+    with pytest.raises(LockLost):
+        lease.check()
+    # the provider recovers with a new session, and the lock is free
+    assert wait_for(lambda: zk.acquire(key, wait=0) is not None, 10)
+
+
+def test_waiters_are_served_in_arrival_order(zk: ZooKeeperProvider, key: str) -> None:
+    holder = zk.acquire(key)
+    assert holder is not None
+    order: list[int] = []
+
+    def wait(i: int) -> None:
+        lease = zk.acquire(key, wait=30)
+        assert lease is not None
+        order.append(i)
+        zk.release(lease)
+
+    threads = []
+    for i in range(8):
+        thread = threading.Thread(target=wait, args=(i,))
+        thread.start()
+        threads.append(thread)
+        time.sleep(0.1)  # each is queued before the next arrives
+    zk.release(holder)
+    for thread in threads:
+        thread.join(30)
+    assert order == list(range(8))
+
+
+def test_a_suspended_connection_puts_leases_in_doubt_until_it_is_back(
+    zookeeper_server: ZooKeeperServer, key: str
+) -> None:
+    # kazoo suspends after 2/3 of the session timeout; resume before the session expires
+    zk = ZooKeeperProvider(zookeeper_server.hosts, session_timeout=9.0)
+    lease = zk.acquire(key)
+    assert lease is not None
+    zookeeper_server.pause()
+    try:
+        assert wait_for(lambda: lease.state.suspended, 8), "never suspended"
+        with pytest.raises(LockLost, match="suspended"):
+            lease.check()
+        with pytest.raises(BackendUnavailable):
+            zk.acquire(key + ":other", wait=0)
+    finally:
+        zookeeper_server.resume()
+    assert wait_for(lambda: not lease.state.suspended, 10), "never reconnected"
+    lease.check()  # same session: still held
+    assert zk.is_held(lease)
+    zk.release(lease)
+    zk.close()
+
+
+def test_names_cannot_leave_the_root(zk: ZooKeeperProvider, admin: KazooClient) -> None:
+    for name in ["../x", "a/b", ".", "..", "/", "锁:订单", "%2E", "'; DROP TABLE locks; --"]:
+        lease = zk.acquire(name, wait=5)
+        assert lease is not None and lease.key == name
+        parent = admin.get_children("/locks")
+        assert zookeeper_node_name(name) in parent
+        assert "/" not in zookeeper_node_name(name)
+        zk.release(lease)
+    assert set(admin.get_children("/")) <= {"locks", "zookeeper"}  # nothing outside the root
+
+
+def test_empty_parents_are_swept_and_fences_survive_it(
+    zk: ZooKeeperProvider, admin: KazooClient, key: str
+) -> None:
+    parent = f"/locks/{zookeeper_node_name(key)}"
+    first = zk.acquire(key)
+    assert first is not None
+    zk.release(first)
+    assert wait_for(lambda: admin.exists(parent) is None, 5), "the empty parent stayed"
+    again = zk.acquire(key)  # a new parent: its sequence numbers start over, czxid does not
+    assert again is not None and again.fence > first.fence
+    zk.release(again)
+
+
+def test_a_dead_zookeeper_is_reported_fast_and_the_provider_recovers(
+    zk: ZooKeeperProvider, zookeeper_server: ZooKeeperServer, key: str
+) -> None:
+    zk.ping()
+    zookeeper_server.kill()
+    assert wait_for(lambda: zk.client.state != "CONNECTED", 5)
+    started = time.monotonic()
+    with pytest.raises(BackendUnavailable) as caught:
+        zk.acquire(key, wait=0)
+    assert time.monotonic() - started < 1.5
+    assert zookeeper_server.address in str(caught.value)
+    zookeeper_server.start()
+    assert wait_for(lambda: zk.client.state == "CONNECTED", 15)
+    lease = zk.acquire(key, wait=5)
+    assert lease is not None
+    zk.release(lease)
+
+
+def test_nodes_left_by_lost_replies_are_deleted_when_zookeeper_answers(
+    zk: ZooKeeperProvider, admin: KazooClient, key: str
+) -> None:
+    # a create whose reply never came: the node exists, nobody knows it holds the lock
+    parent = f"/locks/{zookeeper_node_name(key)}"
+    token = "f" * 32
+    admin.create(f"{parent}/{token}-", ephemeral=True, sequence=True, makepath=True)
+    zk._leftovers.add((parent, token))
+    lease = zk.acquire(key, wait=5)  # cleans up first, so it is not blocked by the ghost
+    assert lease is not None
+    assert not zk._leftovers
+    zk.release(lease)
+
+
+def test_reentrant_leases_share_one_node(
+    zk: ZooKeeperProvider, admin: KazooClient, key: str
+) -> None:
+    outer = zk.acquire(key)
+    inner = zk.acquire(key, wait=0)
+    assert outer is not None and inner is not None
+    assert len(admin.get_children(f"/locks/{zookeeper_node_name(key)}")) == 1
+    zk.release(inner)
+    zk.release(outer)
+    assert admin.get_children(f"/locks/{zookeeper_node_name(key)}") == []
