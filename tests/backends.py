@@ -7,8 +7,15 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import redis
+import sqlalchemy as sa
 
-from locks.backends import LocalProvider, RedisHashProvider, RedisProvider, ZooKeeperProvider
+from locks.backends import (
+    DatabaseProvider,
+    LocalProvider,
+    RedisHashProvider,
+    RedisProvider,
+    ZooKeeperProvider,
+)
 from locks.base import ProviderBase
 from locks.names import redis_hash_tag
 from locks.provider import Capabilities
@@ -19,6 +26,8 @@ CLASSES: dict[str, type[ProviderBase]] = {
     "redis": RedisProvider,
     "redis-hash": RedisHashProvider,
     "zookeeper": ZooKeeperProvider,
+    "mariadb": DatabaseProvider,
+    "sqlite": DatabaseProvider,
 }
 
 # the server fixture each kind needs, if any
@@ -27,6 +36,8 @@ SERVERS: dict[str, str | None] = {
     "redis": "redis_server",
     "redis-hash": "redis_server",
     "zookeeper": "zookeeper_server",
+    "mariadb": "mariadb_server",
+    "sqlite": "sqlite_file",
 }
 
 # an address of each kind where nobody listens, given a free port
@@ -34,6 +45,8 @@ DEAD_ADDRESS = {
     "redis": "redis://127.0.0.1:{port}/0",
     "redis-hash": "redis://127.0.0.1:{port}/0",
     "zookeeper": "127.0.0.1:{port}",
+    "mariadb": "mysql+pymysql://locks:pw@127.0.0.1:{port}/locks",
+    "sqlite": "sqlite:////nonexistent-dir-{port}/locks.db",
 }
 
 
@@ -81,12 +94,20 @@ class Backend:
         self.made.append(provider)
         return provider
 
-    def delete_behind_back(self, key: str, prefix: str = "locks") -> None:
+    def delete_behind_back(self, key: str) -> None:
         """Remove a lock the way an operator or a failover would, without its owner."""
         assert self.address is not None, f"{self.kind} has no server to delete from"
-        client = redis.Redis.from_url(self.address)
-        client.delete(f"{prefix}:{{{redis_hash_tag(key)}}}")
-        client.close()
+        if self.kind.startswith("redis"):
+            client = redis.Redis.from_url(self.address)
+            client.delete(f"locks:{{{redis_hash_tag(key)}}}")
+            client.close()
+        elif self.kind in ("mariadb", "sqlite"):
+            engine = sa.create_engine(self.address)
+            with engine.begin() as conn:
+                conn.execute(sa.text("DELETE FROM locks WHERE name = :name"), {"name": key})
+            engine.dispose()
+        else:
+            raise AssertionError(f"no way to delete a {self.kind} lock behind its back")
 
     def close(self) -> None:
         for provider in self.made:

@@ -311,3 +311,16 @@ def mariadb_server(mariadb_session: MariaDBServer) -> Iterator[MariaDBServer]:
     mariadb_session.ensure_running()
     yield mariadb_session
     mariadb_session.ensure_running()
+
+
+class SQLiteFile:
+    """A SQLite database file shared by every process of a test, as a server stands in."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.url = f"sqlite:///{path}"
+
+
+@pytest.fixture(scope="session")
+def sqlite_file(server_dir: Path) -> SQLiteFile:
+    return SQLiteFile(server_dir / "locks.sqlite")

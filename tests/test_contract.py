@@ -175,7 +175,7 @@ def test_a_release_from_another_owner_changes_nothing(backend: Backend, key: str
     forged = Lease(
         key=key,
         backend=lease.backend,
-        owner=lease.owner,
+        owner=lease.owner.rsplit(":", 1)[0] + ":999999",  # this process, another thread
         token="0" * 32,
         fence=lease.fence,
         ttl=lease.ttl,
@@ -189,6 +189,24 @@ def test_a_release_from_another_owner_changes_nothing(backend: Backend, key: str
     assert provider.is_held(lease)
     provider.release(lease)
     assert not provider.is_held(lease)
+
+
+@pytest.mark.parametrize("backend", kinds(expires=True), indirect=True)
+def test_a_stale_lease_of_the_same_owner_cannot_release_its_successor(
+    backend: Backend, key: str
+) -> None:
+    provider = backend.make()
+    stale = provider.acquire(key, ttl=0.2)
+    assert stale is not None
+    time.sleep(0.4)
+    current = provider.acquire(key, ttl=30, wait=2)  # same owner, a new ownership period
+    assert current is not None and current.fence > stale.fence
+    assert current.depth == 1
+    with pytest.raises(LockNotOwned):
+        provider.release(stale)
+    assert provider.is_held(current)
+    assert in_thread(lambda: provider.acquire(key, ttl=30, wait=0)) is None
+    provider.release(current)
 
 
 @pytest.mark.parametrize("backend", kinds(expires=True), indirect=True)

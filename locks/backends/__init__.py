@@ -9,15 +9,23 @@ from typing import TYPE_CHECKING, Any
 from locks.backends.local import LocalProvider
 
 if TYPE_CHECKING:
+    from locks.backends.database import DatabaseProvider
     from locks.backends.redis import RedisHashProvider, RedisProvider
     from locks.backends.zookeeper import ZooKeeperProvider
 
-__all__ = ["LocalProvider", "RedisHashProvider", "RedisProvider", "ZooKeeperProvider"]
+__all__ = [
+    "DatabaseProvider",
+    "LocalProvider",
+    "RedisHashProvider",
+    "RedisProvider",
+    "ZooKeeperProvider",
+]
 
 _LAZY = {
     "RedisProvider": ("locks.backends.redis", "redis"),
     "RedisHashProvider": ("locks.backends.redis", "redis"),
     "ZooKeeperProvider": ("locks.backends.zookeeper", "zookeeper"),
+    "DatabaseProvider": ("locks.backends.database", "mysql"),
 }
 
 

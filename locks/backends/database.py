@@ -1,0 +1,373 @@
+"""Database backend (SQLAlchemy 2 Core): one row per held lock in one table.
+
+Acquire is one statement. On MySQL/MariaDB it is `INSERT ... ON DUPLICATE KEY UPDATE`
+whose outcome comes back in the OK packet through `LAST_INSERT_ID(expr)`, so nothing is
+read back and no transaction is opened; on PostgreSQL and SQLite it is `INSERT ... ON
+CONFLICT DO UPDATE ... WHERE ... RETURNING`. A row is taken over only when it has
+expired by the database server's clock; the same owner re-entering adds depth.
+
+Release marks the row free (expired at the release time) and keeps its fence; free and
+long-expired rows are purged after `purge_after`. Fences: a new row starts from the
+server clock in microseconds and a take-over gives max(fence + 1, clock), so fences
+strictly increase, also across a purge (the clock has moved on by `purge_after`).
+
+Minimal privileges for the lock user: SELECT, INSERT, UPDATE, DELETE on the lock table
+(plus CREATE on the database if the provider is to create the table itself).
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+import threading
+import time
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
+from typing import Any
+
+import sqlalchemy as sa
+from sqlalchemy import event, exc
+from sqlalchemy.engine import Engine
+
+from locks.base import Grant, ProviderBase
+from locks.errors import BackendUnavailable
+from locks.names import check_name, check_seconds
+from locks.provider import Capabilities, Lease
+
+logger = logging.getLogger("locks")
+
+# errors meaning "the database cannot serve us now"
+_UNAVAILABLE = (exc.OperationalError, exc.InterfaceError, exc.DisconnectionError, exc.TimeoutError)
+_DEPTH_BITS = 1024  # MySQL packs fence * 1024 + depth into LAST_INSERT_ID
+_PURGE_EVERY = 1000  # releases between purges of long-free rows
+_IDLE_PING = 5.0  # a pooled connection idle for longer is pinged before use
+
+_CLOCK_US = {
+    "mysql": "TIMESTAMPDIFF(MICROSECOND, '1970-01-01 00:00:00', UTC_TIMESTAMP(6))",
+    "postgresql": "CAST(EXTRACT(EPOCH FROM statement_timestamp()) * 1000000 AS BIGINT)",
+    "sqlite": "CAST((julianday('now') - 2440587.5) * 86400000000.0 AS INTEGER)",
+}
+_GREATEST = {"mysql": "GREATEST", "postgresql": "GREATEST", "sqlite": "MAX"}
+
+# MySQL applies ON DUPLICATE KEY UPDATE assignments left to right, each seeing the ones
+# before it: the row's old expiry and owner decide, so `owner` and `expires_at` go last.
+_MYSQL_ACQUIRE = """
+INSERT INTO {t} (name, owner, token, depth, fence, expires_at, acquired_at)
+VALUES (:name, :owner, :token, 1, LAST_INSERT_ID({now} * 1024 + 1) DIV 1024,
+        {now} + :ttl_us, {now})
+ON DUPLICATE KEY UPDATE
+  depth = IF(expires_at <= {now}, 1, IF(owner = VALUES(owner), depth + 1, depth)),
+  fence = IF(expires_at <= {now}, GREATEST(fence + 1, {now}), fence),
+  token = IF(expires_at <= {now}, VALUES(token), token),
+  acquired_at = IF(expires_at <= {now}, {now}, acquired_at),
+  owner = IF(expires_at <= {now}, VALUES(owner), owner),
+  expires_at = IF(
+    LAST_INSERT_ID(IF(owner = VALUES(owner), fence * 1024 + LEAST(depth, 1023), 0)) > 0,
+    VALUES(expires_at), expires_at)
+"""
+
+# ON CONFLICT assignments all see the old row, so the order does not matter here.
+_UPSERT_ACQUIRE = """
+INSERT INTO {t} AS l (name, owner, token, depth, fence, expires_at, acquired_at)
+VALUES (:name, :owner, :token, 1, {now}, {now} + :ttl_us, {now})
+ON CONFLICT (name) DO UPDATE SET
+  depth = CASE WHEN l.expires_at <= {now} THEN 1 ELSE l.depth + 1 END,
+  fence = CASE WHEN l.expires_at <= {now} THEN {greatest}(l.fence + 1, {now}) ELSE l.fence END,
+  token = CASE WHEN l.expires_at <= {now} THEN excluded.token ELSE l.token END,
+  acquired_at = CASE WHEN l.expires_at <= {now} THEN {now} ELSE l.acquired_at END,
+  owner = excluded.owner,
+  expires_at = excluded.expires_at
+WHERE l.expires_at <= {now} OR l.owner = excluded.owner
+RETURNING fence, depth
+"""
+
+# one level off; the last level frees the row (expired now, owner cleared). `depth` is
+# assigned last for MySQL's left-to-right rule; elsewhere all see the old row anyway.
+_RELEASE = """
+UPDATE {t} SET
+  expires_at = CASE WHEN depth <= 1 THEN {now} ELSE expires_at END,
+  owner = CASE WHEN depth <= 1 THEN '' ELSE owner END,
+  depth = depth - 1
+WHERE name = :name AND owner = :owner AND fence = :fence AND depth >= 1
+"""
+
+_EXTEND = """
+UPDATE {t} SET expires_at = {now} + :ttl_us
+WHERE name = :name AND owner = :owner AND fence = :fence
+"""
+
+_IS_HELD = """
+SELECT 1 FROM {t} WHERE name = :name AND owner = :owner AND fence = :fence
+AND expires_at > {now}
+"""
+
+_PURGE = "DELETE FROM {t} WHERE expires_at < {now} - :grace_us"
+
+
+class DatabaseProvider(ProviderBase):
+    """Type `database`: MySQL/MariaDB (pymysql), PostgreSQL or SQLite through SQLAlchemy."""
+
+    capabilities = Capabilities(
+        reentrant=True,
+        expires=True,
+        renewable=True,
+        fair=False,
+        fenced=True,
+        cross_process=True,
+        cross_host=True,
+    )
+
+    def __init__(
+        self,
+        url: str = "sqlite:///locks.db",
+        *,
+        engine: Engine | None = None,
+        name: str = "database",
+        table: str = "locks",
+        watchdog_ttl: float = 30.0,
+        create_table: bool = True,
+        connect_timeout: float = 1.0,
+        pool_size: int = 10,
+        pool_timeout: float = 5.0,
+        purge_after: float = 3600.0,
+        connect_args: Mapping[str, Any] | None = None,
+    ) -> None:
+        super().__init__(name, watchdog_ttl)
+        self.table_name = check_name(table, "table")
+        self.purge_after = check_seconds(purge_after, "purge_after")
+        self._owns_engine = engine is None
+        if engine is None:
+            if not isinstance(url, str):
+                raise TypeError(f"url must be a str, not {type(url).__name__}")
+            engine = _make_engine(
+                url,
+                check_seconds(connect_timeout, "connect_timeout"),
+                pool_size,
+                check_seconds(pool_timeout, "pool_timeout"),
+                dict(connect_args or {}),
+            )
+        elif not isinstance(engine, Engine):
+            raise TypeError(f"engine must be a sqlalchemy Engine, not {type(engine).__name__}")
+        self.engine = engine
+        dialect = engine.dialect.name
+        if dialect not in _CLOCK_US:
+            raise ValueError(
+                f"unsupported database {dialect!r}: use MySQL/MariaDB, PostgreSQL or SQLite"
+            )
+        self._dialect = dialect
+        self.address = _address(engine)
+        quoted = engine.dialect.identifier_preparer.quote(self.table_name)
+        parts = {"t": quoted, "now": _CLOCK_US[dialect], "greatest": _GREATEST[dialect]}
+        acquire = _MYSQL_ACQUIRE if dialect == "mysql" else _UPSERT_ACQUIRE
+        self._acquire_sql = sa.text(acquire.format(**parts))
+        self._release_sql = sa.text(_RELEASE.format(**parts))
+        self._extend_sql = sa.text(_EXTEND.format(**parts))
+        self._is_held_sql = sa.text(_IS_HELD.format(**parts))
+        self._purge_sql = sa.text(_PURGE.format(**parts))
+        self._create_table = create_table
+        self._table_ready = False
+        self._setup_lock = threading.Lock()
+        self._releases = 0
+
+    # -- setup and errors -----------------------------------------------------------------
+
+    def table(self, metadata: sa.MetaData | None = None) -> sa.Table:
+        """The lock table, for migrations or `create_all`."""
+        metadata = sa.MetaData() if metadata is None else metadata
+        collation = None
+        if self._dialect == "mysql":
+            # a binary collation without PAD SPACE: 'a' and 'a ' are two locks
+            mariadb = getattr(self.engine.dialect, "is_mariadb", False)
+            collation = "utf8mb4_nopad_bin" if mariadb else "utf8mb4_0900_bin"
+        return sa.Table(
+            self.table_name,
+            metadata,
+            sa.Column("name", sa.String(255, collation=collation), primary_key=True),
+            sa.Column("owner", sa.String(64), nullable=False),
+            sa.Column("token", sa.String(64), nullable=False),
+            sa.Column("depth", sa.Integer, nullable=False),
+            sa.Column("fence", sa.BigInteger, nullable=False),
+            sa.Column("expires_at", sa.BigInteger, nullable=False),  # µs, database clock
+            sa.Column("acquired_at", sa.BigInteger, nullable=False),
+            mysql_engine="InnoDB",
+            mysql_charset="utf8mb4",
+        )
+
+    def create_table(self) -> None:
+        """Create the lock table if it does not exist (needs CREATE privilege)."""
+        with self._translated(), self.engine.connect() as conn:
+            # learn the server (MariaDB or MySQL) before choosing the collation
+            self.table().create(conn, checkfirst=True)
+        self._table_ready = True
+
+    def _ready(self) -> None:
+        if not self._table_ready and self._create_table:
+            with self._setup_lock:
+                if not self._table_ready:
+                    self.create_table()
+
+    def _unavailable(
+        self,
+        error: BaseException,
+        *,
+        ambiguous: bool = False,
+        key: str | None = None,
+        token: str | None = None,
+    ) -> BackendUnavailable:
+        detail = str(getattr(error, "orig", None) or error).splitlines()[0]
+        password = self.engine.url.password
+        if password:
+            detail = detail.replace(str(password), "***")
+        return BackendUnavailable(
+            f"database backend {self.name!r} at {self.address} is unavailable: "
+            f"{type(getattr(error, 'orig', None) or error).__name__}: {detail}",
+            backend=self.name,
+            address=self.address,
+            ambiguous=ambiguous,
+            key=key,
+            token=token,
+        )
+
+    @contextmanager
+    def _translated(
+        self, *, ambiguous: bool = False, key: str | None = None, token: str | None = None
+    ) -> Iterator[None]:
+        """The one place driver and pool errors become `BackendUnavailable`."""
+        try:
+            yield
+        except _UNAVAILABLE as error:
+            raise self._unavailable(error, ambiguous=ambiguous, key=key, token=token) from error
+
+    def _run(self, statement: sa.TextClause, params: dict[str, Any]) -> sa.CursorResult[Any]:
+        with self.engine.connect() as conn:
+            return conn.execute(statement, params)
+
+    # -- the algorithm --------------------------------------------------------------------
+
+    def _acquire(
+        self, key: str, owner: str, token: str, ttl: float, deadline: float | None
+    ) -> Grant | None:
+        self._ready()
+        params = {"name": key, "owner": owner, "token": token, "ttl_us": round(ttl * 1e6)}
+        delay = 0.01
+        while True:
+            sent_at = time.monotonic()
+            with self._translated(ambiguous=True, key=key, token=token):
+                taken = self._take(params)
+            if taken is not None:
+                fence, depth = taken
+                return Grant(token, fence, depth, sent_at)
+            now = time.monotonic()
+            if deadline is not None and now >= deadline:
+                return None
+            # jittered exponential backoff, 10 ms up to 200 ms, never past the deadline
+            pause = random.uniform(delay / 2, delay)
+            if deadline is not None:
+                pause = min(pause, deadline - now)
+            time.sleep(pause)
+            delay = min(delay * 2, 0.2)
+
+    def _take(self, params: dict[str, Any]) -> tuple[int, int] | None:
+        """One try: (fence, depth) if this owner holds the lock now, else None."""
+        with self.engine.connect() as conn:
+            result = conn.execute(self._acquire_sql, params)
+            if self._dialect == "mysql":
+                packed = int(result.lastrowid or 0)
+                return divmod(packed, _DEPTH_BITS) if packed else None
+            row = result.first()
+        return (int(row[0]), int(row[1])) if row is not None else None
+
+    def _release(self, lease: Lease) -> bool:
+        params = {"name": lease.key, "owner": lease.owner, "fence": lease.fence}
+        with self._translated():
+            released = self._run(self._release_sql, params).rowcount == 1
+        self._releases += 1
+        if self._releases % _PURGE_EVERY == 0:
+            self.purge()
+        return released
+
+    def purge(self) -> int:
+        """Delete rows free or expired for longer than `purge_after`; returns how many."""
+        with self._translated():
+            deleted = self._run(self._purge_sql, {"grace_us": round(self.purge_after * 1e6)})
+        return int(deleted.rowcount)
+
+    def _extend(self, lease: Lease, ttl: float) -> bool:
+        params = {
+            "name": lease.key,
+            "owner": lease.owner,
+            "fence": lease.fence,
+            "ttl_us": round(ttl * 1e6),
+        }
+        with self._translated():
+            return bool(self._run(self._extend_sql, params).rowcount == 1)
+
+    def _is_held(self, lease: Lease) -> bool:
+        params = {"name": lease.key, "owner": lease.owner, "fence": lease.fence}
+        with self._translated():
+            return self._run(self._is_held_sql, params).first() is not None
+
+    def ping(self) -> None:
+        with self._translated():
+            self._run(sa.text("SELECT 1"), {})
+
+    def close(self) -> None:
+        super().close()
+        if self._owns_engine:
+            self.engine.dispose()
+
+
+def _make_engine(
+    url: str,
+    connect_timeout: float,
+    pool_size: int,
+    pool_timeout: float,
+    connect_args: dict[str, Any],
+) -> Engine:
+    """An engine that costs one round trip per statement: autocommit (no BEGIN/COMMIT),
+    no rollback when a connection returns to the pool, and a ping only for connections
+    that sat idle (where a server restart would have left them dead)."""
+    parsed = sa.engine.make_url(url)
+    backend = parsed.get_backend_name()
+    if backend in ("mysql", "mariadb"):
+        connect_args.setdefault("connect_timeout", max(1, round(connect_timeout)))
+        connect_args.setdefault("read_timeout", 5)
+        connect_args.setdefault("write_timeout", 5)
+    elif backend == "postgresql":
+        connect_args.setdefault("connect_timeout", max(1, round(connect_timeout)))
+    elif backend == "sqlite":
+        connect_args.setdefault("timeout", 10.0)  # wait for the file lock this long
+    engine = sa.create_engine(
+        parsed,
+        isolation_level="AUTOCOMMIT",
+        pool_reset_on_return=None,
+        pool_size=pool_size,
+        max_overflow=pool_size,
+        pool_timeout=pool_timeout,
+        connect_args=connect_args,
+    )
+    event.listen(engine, "checkout", _ping_if_idle)
+    event.listen(engine, "checkin", _note_use)
+    return engine
+
+
+def _note_use(dbapi_connection: Any, record: Any) -> None:
+    record.info["locks_used_at"] = time.monotonic()
+
+
+def _ping_if_idle(dbapi_connection: Any, record: Any, proxy: Any) -> None:
+    if time.monotonic() - record.info.get("locks_used_at", 0.0) < _IDLE_PING:
+        return
+    try:
+        cursor = dbapi_connection.cursor()
+        cursor.execute("SELECT 1")
+        cursor.close()
+    except Exception as error:  # the pool replaces this connection and tries again
+        raise exc.DisconnectionError(str(error)) from error
+
+
+def _address(engine: Engine) -> str:
+    url = engine.url
+    if url.get_backend_name() == "sqlite":
+        return f"sqlite:{url.database or ':memory:'}"
+    return f"{url.host or 'localhost'}:{url.port or ''}".rstrip(":")
