@@ -341,6 +341,8 @@ def _make_engine(
         parsed,
         isolation_level="AUTOCOMMIT",
         pool_reset_on_return=None,
+        # pymysql sends a real ROLLBACK even in autocommit mode: skip it
+        skip_autocommit_rollback=True,
         pool_size=pool_size,
         max_overflow=pool_size,
         pool_timeout=pool_timeout,

@@ -1,0 +1,177 @@
+"""What only the database backend promises: one statement per acquire and release,
+rows that do not pile up, fences across purges, verbatim names, clear errors when the
+server dies or turns read-only, and the minimal grant."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+
+import pytest
+import sqlalchemy as sa
+
+from locks import BackendUnavailable
+from locks.backends import DatabaseProvider
+from tests.servers import MariaDBServer, SQLiteFile
+
+
+@pytest.fixture
+def db(mariadb_server: MariaDBServer) -> Iterator[DatabaseProvider]:
+    provider = DatabaseProvider(mariadb_server.url)
+    yield provider
+    provider.close()
+
+
+def status(server: MariaDBServer, *names: str) -> dict[str, int]:
+    rows = server.sql(
+        "SHOW GLOBAL STATUS WHERE Variable_name IN ({})".format(
+            ", ".join(f"'{name}'" for name in names)
+        )
+    )
+    return {line.split("\t")[0]: int(line.split("\t")[1]) for line in rows.splitlines()}
+
+
+def test_acquire_and_release_are_one_statement_each_with_no_commit_or_rollback(
+    db: DatabaseProvider, mariadb_server: MariaDBServer, key: str
+) -> None:
+    db.release(db.acquire(key, ttl=30) or pytest.fail("not acquired"))  # table, pool warm
+    counters = ("Com_insert", "Com_update", "Com_commit", "Com_rollback", "Questions")
+    before = status(mariadb_server, *counters)
+    for _ in range(100):
+        lease = db.acquire(key, ttl=30)
+        assert lease is not None
+        db.release(lease)
+    after = status(mariadb_server, *counters)
+    delta = {name: after[name] - before[name] for name in counters}
+    # every statement the server saw: 200 of ours, and the two the `mariadb` client sends
+    # for the second SHOW STATUS (its version query and the SHOW itself)
+    assert delta == {
+        "Com_insert": 100, "Com_update": 100, "Com_commit": 0, "Com_rollback": 0,
+        "Questions": 202,
+    }  # fmt: skip
+
+
+def test_hostile_and_unicode_names_are_stored_and_released_verbatim(
+    db: DatabaseProvider, mariadb_server: MariaDBServer
+) -> None:
+    names = ["../x", "a/b", "'; DROP TABLE locks; --", "锁:订单", "a", "a ", "A", "%", "_"]
+    leases = [db.acquire(name, ttl=30, wait=0) for name in names]
+    assert all(lease is not None for lease in leases), "some names collided"
+    stored = set(mariadb_server.sql("SELECT name FROM locks.locks").split("\n"))
+    assert {"../x", "a/b", "'; DROP TABLE locks; --", "锁:订单", "A"} <= stored
+    for lease in leases:
+        assert lease is not None
+        db.release(lease)
+    assert mariadb_server.sql("SHOW TABLES FROM locks") == "locks"
+
+
+def test_free_rows_are_purged_and_fences_keep_rising(
+    mariadb_server: MariaDBServer, key: str
+) -> None:
+    db = DatabaseProvider(mariadb_server.url, purge_after=0.2)
+    names = [f"{key}:{i}" for i in range(20)]
+    first = {}
+    for name in names:
+        lease = db.acquire(name, ttl=30)
+        assert lease is not None
+        first[name] = lease.fence
+        db.release(lease)
+    time.sleep(0.3)
+    assert db.purge() >= 20
+    count = mariadb_server.sql(f"SELECT COUNT(*) FROM locks.locks WHERE name LIKE '{key}%'")
+    assert count == "0"
+    for name in names:  # re-created rows start from the clock, above the purged fences
+        lease = db.acquire(name, ttl=30)
+        assert lease is not None and lease.fence > first[name]
+        db.release(lease)
+    db.close()
+
+
+def test_a_killed_mariadb_is_reported_then_the_provider_recovers(
+    db: DatabaseProvider, mariadb_server: MariaDBServer, key: str
+) -> None:
+    lease = db.acquire(key, ttl=30)
+    assert lease is not None
+    mariadb_server.kill()
+    started = time.monotonic()
+    with pytest.raises(BackendUnavailable) as caught:
+        db.acquire(key + ":2", ttl=30)
+    assert time.monotonic() - started < 2.0
+    assert caught.value.ambiguous and caught.value.key == key + ":2"
+    assert mariadb_server.address in str(caught.value)
+    assert mariadb_server.password not in str(caught.value)
+    mariadb_server.start()
+    # the pool drops its dead connections after at most one failed statement
+    for _ in range(3):
+        try:
+            again = db.acquire(key + ":3", ttl=30)
+            break
+        except BackendUnavailable:
+            continue
+    else:
+        pytest.fail("the provider did not recover")
+    assert again is not None
+    db.release(again)
+    db.release(lease)  # the row survived the restart: InnoDB is durable
+
+
+def test_a_read_only_server_gives_a_clear_error_and_writes_nothing(
+    db: DatabaseProvider, mariadb_server: MariaDBServer, key: str
+) -> None:
+    held = db.acquire(key, ttl=30)
+    assert held is not None
+    before = mariadb_server.sql("SELECT * FROM locks.locks ORDER BY name")
+    mariadb_server.sql("SET GLOBAL read_only = 1")
+    try:
+        with pytest.raises(BackendUnavailable, match=r"read-only|read_only|READ-ONLY"):
+            db.acquire(key + ":new", ttl=30)
+        with pytest.raises(BackendUnavailable):
+            db.release(held)
+        assert mariadb_server.sql("SELECT * FROM locks.locks ORDER BY name") == before
+    finally:
+        mariadb_server.sql("SET GLOBAL read_only = 0")
+    db.release(held)
+
+
+def test_the_minimal_grant_is_enough(mariadb_server: MariaDBServer, key: str) -> None:
+    DatabaseProvider(mariadb_server.url).create_table()  # created once, by whoever may
+    mariadb_server.sql(
+        "CREATE USER IF NOT EXISTS 'dml'@'127.0.0.1' IDENTIFIED BY 'dml-pw';"
+        "GRANT SELECT, INSERT, UPDATE, DELETE ON locks.locks TO 'dml'@'127.0.0.1';"
+    )
+    url = f"mysql+pymysql://dml:dml-pw@{mariadb_server.address}/locks?charset=utf8mb4"
+    db = DatabaseProvider(url, create_table=False, watchdog_ttl=0.6)
+    lease = db.acquire(key)
+    assert lease is not None
+    time.sleep(0.5)  # renewed by the watchdog with the same grant
+    assert db.is_held(lease)
+    db.release(lease)
+    assert db.purge() >= 0
+    db.close()
+
+
+def test_a_sqlite_file_is_created_and_shared(sqlite_file: SQLiteFile, key: str) -> None:
+    first, second = DatabaseProvider(sqlite_file.url), DatabaseProvider(sqlite_file.url)
+    lease = first.acquire(key, ttl=30)
+    assert lease is not None
+    with ThreadPoolExecutor(max_workers=1) as other_owner:
+        assert other_owner.submit(second.acquire, key, ttl=30, wait=0).result() is None
+        first.release(lease)
+        other = other_owner.submit(second.acquire, key, ttl=30, wait=0).result()
+        assert other is not None and other.fence > lease.fence
+        second.release(other)
+    first.close()
+    second.close()
+
+
+def test_bad_settings_are_refused_before_connecting() -> None:
+    with pytest.raises(ValueError, match="table"):
+        DatabaseProvider("sqlite://", table="")
+    with pytest.raises(ValueError, match="purge_after"):
+        DatabaseProvider("sqlite://", purge_after=0)
+    with pytest.raises(TypeError, match="engine"):
+        DatabaseProvider(engine=object())  # type: ignore[arg-type]
+    engine = sa.create_engine("sqlite://")
+    provider = DatabaseProvider(engine=engine)
+    assert provider.address == "sqlite::memory:"
