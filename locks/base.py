@@ -7,7 +7,8 @@ from __future__ import annotations
 import dataclasses
 import time
 from abc import ABC, abstractmethod
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from typing import ClassVar, NamedTuple, ParamSpec, TypeVar
 
 from locks.errors import BackendUnavailable, LockNotOwned
@@ -31,7 +32,11 @@ class Grant(NamedTuple):
 
 
 class ProviderBase(ABC):
+    type_name: ClassVar[str]  # the backend type, as config names it
     capabilities: ClassVar[Capabilities]
+    # the driver's errors that mean "cannot be reached now" (the only ones that degrade)
+    unavailable_errors: ClassVar[tuple[type[BaseException], ...]] = ()
+    address = ""  # where the server is, for error messages (host:port)
 
     def __init__(self, name: str, watchdog_ttl: float = 30.0) -> None:
         self.name = check_name(name, "name")
@@ -161,6 +166,45 @@ class ProviderBase(ABC):
         return Lock(self, key, ttl=ttl, wait=wait, on_lost=on_lost)
 
     # -- shared plumbing --------------------------------------------------------------
+
+    def _secret(self) -> str | None:
+        """A password that must never appear in an error message."""
+        return None
+
+    def _unavailable(
+        self,
+        error: BaseException,
+        *,
+        ambiguous: bool = False,
+        key: str | None = None,
+        token: str | None = None,
+    ) -> BackendUnavailable:
+        """The one place a driver's error becomes ours: it names the backend and its
+        address, never a password."""
+        cause = getattr(error, "orig", None) or error  # SQLAlchemy wraps the driver's error
+        lines = str(cause).splitlines()
+        detail = lines[0] if lines else ""
+        secret = self._secret()
+        if secret:
+            detail = detail.replace(secret, "***")
+        return BackendUnavailable(
+            f"{self.type_name} backend {self.name!r} at {self.address} is unavailable: "
+            f"{type(cause).__name__}: {detail}",
+            backend=self.name,
+            address=self.address,
+            ambiguous=ambiguous,
+            key=key,
+            token=token,
+        )
+
+    @contextmanager
+    def _translated(
+        self, *, ambiguous: bool = False, key: str | None = None, token: str | None = None
+    ) -> Iterator[None]:
+        try:
+            yield
+        except self.unavailable_errors as error:
+            raise self._unavailable(error, ambiguous=ambiguous, key=key, token=token) from error
 
     def _renew(self, lease: Lease) -> bool:
         return self._extend(lease, lease.ttl)

@@ -21,8 +21,7 @@ import logging
 import random
 import threading
 import time
-from collections.abc import Iterator, Mapping
-from contextlib import contextmanager
+from collections.abc import Mapping
 from typing import Any
 
 import sqlalchemy as sa
@@ -30,7 +29,6 @@ from sqlalchemy import event, exc
 from sqlalchemy.engine import Engine
 
 from locks.base import Grant, ProviderBase
-from locks.errors import BackendUnavailable
 from locks.names import check_name, check_seconds
 from locks.provider import Capabilities, Lease
 
@@ -106,6 +104,9 @@ _PURGE = "DELETE FROM {t} WHERE expires_at < {now} - :grace_us"
 
 class DatabaseProvider(ProviderBase):
     """Type `database`: MySQL/MariaDB (pymysql), PostgreSQL or SQLite through SQLAlchemy."""
+
+    type_name = "database"
+    unavailable_errors = _UNAVAILABLE
 
     capabilities = Capabilities(
         reentrant=True,
@@ -206,37 +207,8 @@ class DatabaseProvider(ProviderBase):
                 if not self._table_ready:
                     self.create_table()
 
-    def _unavailable(
-        self,
-        error: BaseException,
-        *,
-        ambiguous: bool = False,
-        key: str | None = None,
-        token: str | None = None,
-    ) -> BackendUnavailable:
-        detail = str(getattr(error, "orig", None) or error).splitlines()[0]
-        password = self.engine.url.password
-        if password:
-            detail = detail.replace(str(password), "***")
-        return BackendUnavailable(
-            f"database backend {self.name!r} at {self.address} is unavailable: "
-            f"{type(getattr(error, 'orig', None) or error).__name__}: {detail}",
-            backend=self.name,
-            address=self.address,
-            ambiguous=ambiguous,
-            key=key,
-            token=token,
-        )
-
-    @contextmanager
-    def _translated(
-        self, *, ambiguous: bool = False, key: str | None = None, token: str | None = None
-    ) -> Iterator[None]:
-        """The one place driver and pool errors become `BackendUnavailable`."""
-        try:
-            yield
-        except _UNAVAILABLE as error:
-            raise self._unavailable(error, ambiguous=ambiguous, key=key, token=token) from error
+    def _secret(self) -> str | None:
+        return self.engine.url.password
 
     def _run(self, statement: sa.TextClause, params: dict[str, Any]) -> sa.CursorResult[Any]:
         with self.engine.connect() as conn:

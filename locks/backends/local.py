@@ -32,6 +32,8 @@ class _Entry:
 class LocalProvider(ProviderBase):
     """Type `local`: reentrant, thread-bound, never expires, one process only."""
 
+    type_name = "local"
+
     capabilities = Capabilities(
         reentrant=True,
         expires=False,

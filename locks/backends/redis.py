@@ -22,7 +22,6 @@ from redis.retry import Retry
 from locks.backends import redis_scripts as scripts
 from locks.backends.redis_notify import NO_RESULT, ReleaseNotifier
 from locks.base import Grant, ProviderBase
-from locks.errors import BackendUnavailable
 from locks.names import check_name, check_seconds, redis_hash_tag
 from locks.provider import Capabilities, Lease
 
@@ -41,7 +40,7 @@ class _Keys:
 class _RedisProviderBase(ProviderBase):
     """What the two Redis algorithms share: client, keys, waiting, error translation."""
 
-    type_name: ClassVar[str]
+    unavailable_errors = _UNAVAILABLE
     acquire_lua: ClassVar[str]
     release_lua: ClassVar[str]
     extend_lua: ClassVar[str]
@@ -131,7 +130,7 @@ class _RedisProviderBase(ProviderBase):
         args = self._acquire_args(keys, owner, token, ttl_ms)
         try:
             reply = self._acquire_script([keys.lock, keys.fence], args)
-        except _UNAVAILABLE as exc:
+        except self.unavailable_errors as exc:
             raise self._unavailable(exc, ambiguous=True, key=keys.name, token=token) from exc
         # the reply shapes are described in redis_scripts
         if isinstance(reply, int):
@@ -151,36 +150,17 @@ class _RedisProviderBase(ProviderBase):
     def _script(self, script: _Script, keys: list[str], args: list[Any]) -> Any:
         try:
             return script(keys, args)
-        except _UNAVAILABLE as exc:
+        except self.unavailable_errors as exc:
             raise self._unavailable(exc) from exc
 
-    def _unavailable(
-        self,
-        exc: Exception,
-        *,
-        ambiguous: bool = False,
-        key: str | None = None,
-        token: str | None = None,
-    ) -> BackendUnavailable:
-        """The one place a redis-py error becomes ours: names host:port, never the password."""
-        detail = str(exc)
+    def _secret(self) -> str | None:
         password = self.client.connection_pool.connection_kwargs.get("password")
-        if password:
-            detail = detail.replace(str(password), "***")
-        return BackendUnavailable(
-            f"{self.type_name} backend {self.name!r} at {self.address} is unavailable: "
-            f"{type(exc).__name__}: {detail}",
-            backend=self.name,
-            address=self.address,
-            ambiguous=ambiguous,
-            key=key,
-            token=token,
-        )
+        return str(password) if password else None
 
     def ping(self) -> None:
         try:
             self.client.ping()
-        except _UNAVAILABLE as exc:
+        except self.unavailable_errors as exc:
             raise self._unavailable(exc) from exc
 
     def close(self) -> None:
@@ -224,7 +204,7 @@ class RedisProvider(_RedisProviderBase):
     def _is_held(self, lease: Lease) -> bool:
         try:
             value = self.client.get(self._keys(lease.key).lock)
-        except _UNAVAILABLE as exc:
+        except self.unavailable_errors as exc:
             raise self._unavailable(exc) from exc
         return _text(value) == _plain_value(lease)
 
@@ -262,7 +242,7 @@ class RedisHashProvider(_RedisProviderBase):
     def _is_held(self, lease: Lease) -> bool:
         try:
             token, depth = self.client.hmget(self._keys(lease.key).lock, ["~token", lease.owner])
-        except _UNAVAILABLE as exc:
+        except self.unavailable_errors as exc:
             raise self._unavailable(exc) from exc
         return _text(token) == lease.token and depth is not None
 

@@ -13,7 +13,6 @@ import contextlib
 import logging
 import threading
 import time
-from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -76,6 +75,9 @@ class _Hold:
 class ZooKeeperProvider(ProviderBase):
     """Type `zookeeper` (kazoo): fair, reentrant per owner, fenced by the node's czxid."""
 
+    type_name = "zookeeper"
+    unavailable_errors = _UNAVAILABLE
+
     capabilities = Capabilities(
         reentrant=True,
         expires=False,
@@ -137,34 +139,6 @@ class ZooKeeperProvider(ProviderBase):
             self._started.wait(self.connect_timeout)
             if self.client.state != KazooState.CONNECTED:
                 raise self._unavailable(ConnectionLoss(f"session is {self.client.state}"))
-
-    def _unavailable(
-        self,
-        exc: BaseException,
-        *,
-        ambiguous: bool = False,
-        key: str | None = None,
-        token: str | None = None,
-    ) -> BackendUnavailable:
-        return BackendUnavailable(
-            f"zookeeper backend {self.name!r} at {self.address} is unavailable: "
-            f"{type(exc).__name__}: {exc}",
-            backend=self.name,
-            address=self.address,
-            ambiguous=ambiguous,
-            key=key,
-            token=token,
-        )
-
-    @contextlib.contextmanager
-    def _translated(
-        self, *, ambiguous: bool = False, key: str | None = None, token: str | None = None
-    ) -> Iterator[None]:
-        """The one place kazoo's connection errors become `BackendUnavailable`."""
-        try:
-            yield
-        except _UNAVAILABLE as exc:
-            raise self._unavailable(exc, ambiguous=ambiguous, key=key, token=token) from exc
 
     def _get(self, async_result: Any) -> Any:
         return async_result.get(timeout=self.request_timeout)
