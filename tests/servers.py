@@ -16,6 +16,7 @@ import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import TypeVar
 
 import pytest
 
@@ -30,6 +31,9 @@ def require_binary(name: str, *candidates: str) -> str:
         if path:
             return path
     pytest.fail(f"{name} is not installed; install it with: {INSTALL_HINT}", pytrace=False)
+
+
+S = TypeVar("S", bound="ServerProcess")
 
 
 class ServerProcess:
@@ -140,24 +144,6 @@ class RedisServer(ServerProcess):
 def server_dir() -> Iterator[Path]:
     with tempfile.TemporaryDirectory(prefix="locks-servers-") as path:
         yield Path(path)
-
-
-@pytest.fixture(scope="session")
-def redis_session(server_dir: Path) -> Iterator[RedisServer]:
-    workdir = server_dir / "redis"
-    workdir.mkdir()
-    server = RedisServer(workdir)
-    server.start()
-    yield server
-    server.stop()
-
-
-@pytest.fixture
-def redis_server(redis_session: RedisServer) -> Iterator[RedisServer]:
-    """The session's redis-server, running when the test starts and left running after it."""
-    redis_session.ensure_running()
-    yield redis_session
-    redis_session.ensure_running()
 
 
 class ZooKeeperServer(ServerProcess):
@@ -279,40 +265,6 @@ class MariaDBServer(ServerProcess):
             self._initialised = True
 
 
-@pytest.fixture(scope="session")
-def zookeeper_session(server_dir: Path) -> Iterator[ZooKeeperServer]:
-    workdir = server_dir / "zookeeper"
-    workdir.mkdir()
-    server = ZooKeeperServer(workdir)
-    server.start()
-    yield server
-    server.stop()
-
-
-@pytest.fixture
-def zookeeper_server(zookeeper_session: ZooKeeperServer) -> Iterator[ZooKeeperServer]:
-    zookeeper_session.ensure_running()
-    yield zookeeper_session
-    zookeeper_session.ensure_running()
-
-
-@pytest.fixture(scope="session")
-def mariadb_session(server_dir: Path) -> Iterator[MariaDBServer]:
-    workdir = server_dir / "mariadb"
-    workdir.mkdir()
-    server = MariaDBServer(workdir)
-    server.start()
-    yield server
-    server.stop()
-
-
-@pytest.fixture
-def mariadb_server(mariadb_session: MariaDBServer) -> Iterator[MariaDBServer]:
-    mariadb_session.ensure_running()
-    yield mariadb_session
-    mariadb_session.ensure_running()
-
-
 class SQLiteFile:
     """A SQLite database file shared by every process of a test, as a server stands in."""
 
@@ -324,3 +276,50 @@ class SQLiteFile:
 @pytest.fixture(scope="session")
 def sqlite_file(server_dir: Path) -> SQLiteFile:
     return SQLiteFile(server_dir / "locks.sqlite")
+
+
+def _session_server(cls: type[S], server_dir: Path) -> Iterator[S]:
+    workdir = server_dir / cls.name
+    workdir.mkdir()
+    server = cls(workdir)
+    server.start()
+    yield server
+    server.stop()
+
+
+def _running(server: S) -> Iterator[S]:
+    """The session's server, running when a test starts and left running after it,
+    whatever the test killed or paused."""
+    server.ensure_running()
+    yield server
+    server.ensure_running()
+
+
+@pytest.fixture(scope="session")
+def redis_session(server_dir: Path) -> Iterator[RedisServer]:
+    yield from _session_server(RedisServer, server_dir)
+
+
+@pytest.fixture
+def redis_server(redis_session: RedisServer) -> Iterator[RedisServer]:
+    yield from _running(redis_session)
+
+
+@pytest.fixture(scope="session")
+def zookeeper_session(server_dir: Path) -> Iterator[ZooKeeperServer]:
+    yield from _session_server(ZooKeeperServer, server_dir)
+
+
+@pytest.fixture
+def zookeeper_server(zookeeper_session: ZooKeeperServer) -> Iterator[ZooKeeperServer]:
+    yield from _running(zookeeper_session)
+
+
+@pytest.fixture(scope="session")
+def mariadb_session(server_dir: Path) -> Iterator[MariaDBServer]:
+    yield from _session_server(MariaDBServer, server_dir)
+
+
+@pytest.fixture
+def mariadb_server(mariadb_session: MariaDBServer) -> Iterator[MariaDBServer]:
+    yield from _running(mariadb_session)
