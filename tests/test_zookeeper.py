@@ -89,8 +89,11 @@ def test_an_expired_session_loses_its_leases(
     assert lease.lost
     with pytest.raises(LockLost):
         lease.check()
-    # the provider recovers with a new session, and the lock is free
-    assert wait_for(lambda: zk.acquire(key, wait=0) is not None, 10)
+    # the provider recovers with a new session (failing fast until then); the lock is free
+    assert wait_for(lambda: zk.client.state == "CONNECTED", 10)
+    again = zk.acquire(key, wait=0)
+    assert again is not None
+    zk.release(again)
 
 
 def test_waiters_are_served_in_arrival_order(zk: ZooKeeperProvider, key: str) -> None:
@@ -172,7 +175,7 @@ def test_a_dead_zookeeper_is_reported_fast_and_the_provider_recovers(
     started = time.monotonic()
     with pytest.raises(BackendUnavailable) as caught:
         zk.acquire(key, wait=0)
-    assert time.monotonic() - started < 1.5
+    assert time.monotonic() - started < 0.1  # no waiting: kazoo reconnects in the background
     assert zookeeper_server.address in str(caught.value)
     zookeeper_server.start()
     assert wait_for(lambda: zk.client.state == "CONNECTED", 15)

@@ -130,15 +130,15 @@ class ZooKeeperProvider(ProviderBase):
     # -- connection and errors ----------------------------------------------------------
 
     def _connect(self) -> None:
-        """Fail fast unless connected; the first call starts the client."""
+        """Fail at once unless connected (kazoo reconnects in the background); only the
+        first call, which starts the client, waits up to `connect_timeout`."""
         if self._started is None:
             with self._lock:
                 if self._started is None:
                     self._started = self.client.start_async()
+                    self._started.wait(self.connect_timeout)
         if self.client.state != KazooState.CONNECTED:
-            self._started.wait(self.connect_timeout)
-            if self.client.state != KazooState.CONNECTED:
-                raise self._unavailable(ConnectionLoss(f"session is {self.client.state}"))
+            raise self._unavailable(ConnectionLoss(f"session is {self.client.state}"))
 
     def _get(self, async_result: Any) -> Any:
         return async_result.get(timeout=self.request_timeout)
