@@ -11,15 +11,18 @@ from locks.errors import (
     LockTimeout,
 )
 from locks.events import Event, EventKind, add_observer, remove_observer
+from locks.fallback import Breaker, FallbackChain, Switch
 from locks.provider import Capabilities, Lease, Lock, LockProvider
 
 __all__ = [
     "AllBackendsUnavailable",
     "BackendUnavailable",
+    "Breaker",
     "Capabilities",
     "ConfigError",
     "Event",
     "EventKind",
+    "FallbackChain",
     "Lease",
     "Lock",
     "LockError",
@@ -27,6 +30,7 @@ __all__ = [
     "LockNotOwned",
     "LockProvider",
     "LockTimeout",
+    "Switch",
     "add_observer",
     "remove_observer",
 ]

@@ -149,6 +149,19 @@ class ProviderBase(ABC):
         emit(EventKind.EXTENDED, self.name, lease.key, lease)
         return lease if new_ttl == lease.ttl else dataclasses.replace(lease, ttl=new_ttl)
 
+    def release_token(self, key: str, owner: str, token: str) -> bool:
+        """Release what an acquire by `owner` under `token` may have taken when its reply
+        was lost (`BackendUnavailable.ambiguous`). True if something was released; a
+        token that never took the lock changes nothing."""
+        key = check_name(key)
+        lease = Lease(key, self.name, owner, token, 0, self.watchdog_ttl, 1, 0.0, False,
+                      LeaseState(None))  # fmt: skip
+        return bool(self._reporting(key, self._release_unknown, lease))
+
+    def _release_unknown(self, lease: Lease) -> bool:
+        """Release a grant known only by owner and token (fence and depth unknown)."""
+        return self._release(lease)
+
     def is_held(self, lease: Lease) -> bool:
         self._check_lease(lease)
         if not in_this_process(lease.owner) or lease.state.ended:

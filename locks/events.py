@@ -22,6 +22,11 @@ class EventKind(StrEnum):
     EXTENDED = "extended"
     LOST = "lost"
     BACKEND_ERROR = "backend_error"
+    DEGRADED = "degraded"  # a chain moved past a tier that failed (backend: that tier)
+    RECOVERED = "recovered"  # a tier that had failed granted again
+    BREAKER = "breaker"  # a tier's circuit breaker changed state (detail: old -> new)
+    SWITCHED = "switched"  # the kill-switch changed (detail: the new state)
+    RELEASE_QUEUED = "release_queued"  # a release waits for its tier to answer again
 
 
 @dataclass(frozen=True, slots=True)
@@ -33,6 +38,7 @@ class Event:
     error: BaseException | None = None
     # seconds waited before an acquire, or held before a release
     duration: float | None = None
+    detail: str | None = None
 
 
 Observer = Callable[[Event], None]
@@ -43,6 +49,11 @@ _LEVELS = {
     EventKind.EXTENDED: logging.DEBUG,
     EventKind.LOST: logging.WARNING,
     EventKind.BACKEND_ERROR: logging.WARNING,
+    EventKind.DEGRADED: logging.WARNING,
+    EventKind.RECOVERED: logging.INFO,
+    EventKind.BREAKER: logging.INFO,
+    EventKind.SWITCHED: logging.INFO,
+    EventKind.RELEASE_QUEUED: logging.WARNING,
 }
 
 
@@ -52,8 +63,11 @@ def log_event(event: Event) -> None:
     if not logger.isEnabledFor(level):
         return
     fence = f" fence={event.lease.fence}" if event.lease is not None else ""
+    detail = f" {event.detail}" if event.detail else ""
     error = f": {event.error}" if event.error is not None else ""
-    logger.log(level, "%s %s key=%r%s%s", event.backend, event.kind, event.key, fence, error)
+    logger.log(
+        level, "%s %s key=%r%s%s%s", event.backend, event.kind, event.key, fence, detail, error
+    )
 
 
 _DEFAULT: tuple[Observer, ...] = (log_event,)
@@ -81,6 +95,7 @@ def emit(
     *,
     error: BaseException | None = None,
     duration: float | None = None,
+    detail: str | None = None,
 ) -> None:
     """Hand the event to every observer; an observer's failure is logged, never raised.
 
@@ -89,7 +104,7 @@ def emit(
     observers = _observers
     if observers is _DEFAULT and not logger.isEnabledFor(_LEVELS[kind]):
         return
-    event = Event(kind, backend, key, lease, error, duration)
+    event = Event(kind, backend, key, lease, error, duration, detail)
     for observer in observers:
         try:
             observer(event)

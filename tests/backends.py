@@ -9,6 +9,7 @@ from typing import Any
 import redis
 import sqlalchemy as sa
 
+from locks import FallbackChain, LockProvider
 from locks.backends import (
     DatabaseProvider,
     LocalProvider,
@@ -21,6 +22,10 @@ from locks.names import redis_hash_tag
 from locks.provider import Capabilities
 from tests.ports import free_port
 
+# a chain joins the contract suite as Redis (reentrant hash) over MariaDB: the
+# intersection of their capabilities is what the chain promises
+CHAIN_CAPABILITIES = RedisHashProvider.capabilities & DatabaseProvider.capabilities
+
 CLASSES: dict[str, type[ProviderBase]] = {
     "local": LocalProvider,
     "redis": RedisProvider,
@@ -31,13 +36,14 @@ CLASSES: dict[str, type[ProviderBase]] = {
 }
 
 # the server fixture each kind needs, if any
-SERVERS: dict[str, str | None] = {
-    "local": None,
-    "redis": "redis_server",
-    "redis-hash": "redis_server",
-    "zookeeper": "zookeeper_server",
-    "mariadb": "mariadb_server",
-    "sqlite": "sqlite_file",
+SERVERS: dict[str, tuple[str, ...]] = {
+    "local": (),
+    "redis": ("redis_server",),
+    "redis-hash": ("redis_server",),
+    "zookeeper": ("zookeeper_server",),
+    "mariadb": ("mariadb_server",),
+    "sqlite": ("sqlite_file",),
+    "chain": ("redis_server", "mariadb_server"),
 }
 
 # an address of each kind where nobody listens, given a free port
@@ -47,21 +53,35 @@ DEAD_ADDRESS = {
     "zookeeper": "127.0.0.1:{port}",
     "mariadb": "mysql+pymysql://locks:pw@127.0.0.1:{port}/locks",
     "sqlite": "sqlite:////nonexistent-dir-{port}/locks.db",
+    "chain": "redis://127.0.0.1:{port}/0|mysql+pymysql://locks:pw@127.0.0.1:{port}/locks",
 }
+
+
+def capabilities_of(kind: str) -> Capabilities:
+    return CHAIN_CAPABILITIES if kind == "chain" else CLASSES[kind].capabilities
 
 
 def kinds(**required: bool) -> list[str]:
     """The kinds whose declared capabilities match every `name=value` given."""
     return [
         kind
-        for kind, cls in CLASSES.items()
-        if all(getattr(cls.capabilities, name) == value for name, value in required.items())
+        for kind in SERVERS
+        if all(getattr(capabilities_of(kind), name) == value for name, value in required.items())
     ]
 
 
-def make_provider(kind: str, address: str | None, **options: Any) -> ProviderBase:
+def make_provider(kind: str, address: str | None, **options: Any) -> LockProvider:
     if kind == "zookeeper-short-session":  # a holder whose death is noticed within 1 s
         return ZooKeeperProvider(address or "", session_timeout=1.0)
+    if kind == "chain":
+        redis_url, database_url = (address or "|").split("|")
+        return FallbackChain(
+            [
+                RedisHashProvider(redis_url, name="redis", **options),
+                DatabaseProvider(database_url, **options),
+            ],
+            name="chain",
+        )
     cls = CLASSES[kind]
     if address is None:
         return cls(**options)
@@ -74,31 +94,31 @@ class Backend:
 
     kind: str
     address: str | None
-    made: list[ProviderBase] = field(default_factory=list)
+    made: list[LockProvider] = field(default_factory=list)
 
     @property
     def capabilities(self) -> Capabilities:
-        return CLASSES[self.kind].capabilities
+        return capabilities_of(self.kind)
 
-    def make(self, **options: Any) -> ProviderBase:
+    def make(self, **options: Any) -> LockProvider:
         return self._made(make_provider(self.kind, self.address, **options))
 
-    def make_unreachable(self) -> ProviderBase:
+    def make_unreachable(self) -> LockProvider:
         """A provider of this kind whose server address has nobody listening."""
         if self.address is None:
             return self.make()
         dead = DEAD_ADDRESS[self.kind].format(port=free_port())
         return self._made(make_provider(self.kind, dead))
 
-    def _made(self, provider: ProviderBase) -> ProviderBase:
+    def _made(self, provider: LockProvider) -> LockProvider:
         self.made.append(provider)
         return provider
 
     def delete_behind_back(self, key: str) -> None:
         """Remove a lock the way an operator or a failover would, without its owner."""
         assert self.address is not None, f"{self.kind} has no server to delete from"
-        if self.kind.startswith("redis"):
-            client = redis.Redis.from_url(self.address)
+        if self.kind.startswith("redis") or self.kind == "chain":
+            client = redis.Redis.from_url(self.address.split("|")[0])
             client.delete(f"locks:{{{redis_hash_tag(key)}}}")
             client.close()
         elif self.kind in ("mariadb", "sqlite"):
@@ -112,3 +132,5 @@ class Backend:
     def close(self) -> None:
         for provider in self.made:
             provider.close()
+            for tier in getattr(provider, "tiers", {}).values():  # a chain's own tiers
+                tier.close()

@@ -5,21 +5,18 @@ from collections.abc import Iterator
 
 import pytest
 
-from tests.backends import CLASSES, SERVERS, Backend
+from tests.backends import SERVERS, Backend
 
 pytest_plugins = ["tests.servers"]
 
 
-@pytest.fixture(params=list(CLASSES))
+@pytest.fixture(params=list(SERVERS))
 def backend(request: pytest.FixtureRequest) -> Iterator[Backend]:
-    """Each backend in turn; tests narrow the list with
+    """Each backend (and a chain) in turn; tests narrow the list with
     `@pytest.mark.parametrize("backend", kinds(...), indirect=True)`."""
     kind: str = request.param
-    server_fixture = SERVERS[kind]
-    address = None
-    if server_fixture is not None:
-        address = request.getfixturevalue(server_fixture).url
-    backend = Backend(kind, address)
+    urls = [request.getfixturevalue(fixture).url for fixture in SERVERS[kind]]
+    backend = Backend(kind, "|".join(urls) or None)
     yield backend
     backend.close()
 

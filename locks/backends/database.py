@@ -89,6 +89,12 @@ UPDATE {t} SET
 WHERE name = :name AND owner = :owner AND fence = :fence AND depth >= 1
 """
 
+# a grant whose reply was lost: its token is known, its fence is not
+_RELEASE_TOKEN = """
+UPDATE {t} SET expires_at = {now}, owner = '', depth = 0
+WHERE name = :name AND owner = :owner AND token = :token AND depth = 1
+"""
+
 _EXTEND = """
 UPDATE {t} SET expires_at = {now} + :ttl_us
 WHERE name = :name AND owner = :owner AND fence = :fence
@@ -163,6 +169,7 @@ class DatabaseProvider(ProviderBase):
         self._acquire_sql = sa.text(acquire.format(**parts))
         self._release_sql = sa.text(_RELEASE.format(**parts))
         self._extend_sql = sa.text(_EXTEND.format(**parts))
+        self._release_token_sql = sa.text(_RELEASE_TOKEN.format(**parts))
         self._is_held_sql = sa.text(_IS_HELD.format(**parts))
         self._purge_sql = sa.text(_PURGE.format(**parts))
         self._create_table = create_table
@@ -257,6 +264,11 @@ class DatabaseProvider(ProviderBase):
         if self._releases % _PURGE_EVERY == 0:
             self.purge()
         return released
+
+    def _release_unknown(self, lease: Lease) -> bool:
+        params = {"name": lease.key, "owner": lease.owner, "token": lease.token}
+        with self._translated():
+            return bool(self._run(self._release_token_sql, params).rowcount == 1)
 
     def purge(self) -> int:
         """Delete rows free or expired for longer than `purge_after`; returns how many."""

@@ -309,6 +309,15 @@ class ZooKeeperProvider(ProviderBase):
             del self._holds[(lease.owner, lease.key)]
         return self._delete_node(self._parent(lease.key), hold.node, hold.token)
 
+    def _release_unknown(self, lease: Lease) -> bool:
+        """The node is named after the token: find it and delete it (now, or once
+        ZooKeeper answers again)."""
+        self._leftovers.add((self._parent(lease.key), lease.token))
+        before = len(self._leftovers)
+        self._connect()
+        self._clean_leftovers()
+        return len(self._leftovers) < before
+
     def _extend(self, lease: Lease, ttl: float) -> bool:
         return self._is_held(lease)
 

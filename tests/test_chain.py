@@ -1,0 +1,328 @@
+"""FallbackChain against real servers: degrade only on unavailability, breakers, queued
+releases, ambiguous acquires, the switch, and safe mode's gate and fail-back."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+import pytest
+import redis
+from tenacity import Retrying, stop_after_attempt
+
+from locks import (
+    AllBackendsUnavailable,
+    BackendUnavailable,
+    Breaker,
+    Event,
+    EventKind,
+    FallbackChain,
+    Lease,
+    Switch,
+    add_observer,
+    remove_observer,
+)
+from locks.backends import LocalProvider, RedisHashProvider, RedisProvider
+from locks.names import redis_hash_tag
+from tests.ports import free_port
+from tests.servers import RedisServer
+
+
+@pytest.fixture
+def events() -> Iterator[list[Event]]:
+    seen: list[Event] = []
+    add_observer(seen.append)
+    yield seen
+    remove_observer(seen.append)
+
+
+@pytest.fixture
+def tiers(redis_server: RedisServer) -> Iterator[tuple[RedisHashProvider, LocalProvider]]:
+    upper, lower = RedisHashProvider(redis_server.url, name="redis"), LocalProvider()
+    yield upper, lower
+    upper.close()
+
+
+def other_owner(call: object) -> object:
+    with ThreadPoolExecutor(max_workers=1) as pool:
+        return pool.submit(call).result(timeout=60)  # type: ignore[arg-type]
+
+
+def kinds_of(events: list[Event], *kinds: EventKind) -> list[Event]:
+    return [event for event in events if event.kind in kinds]
+
+
+def test_contention_never_degrades(
+    tiers: tuple[RedisHashProvider, LocalProvider], events: list[Event], key: str
+) -> None:
+    upper, lower = tiers
+    chain = FallbackChain([upper, lower])
+    held = chain.acquire(key, ttl=30)
+    assert held is not None and held.backend == "redis"
+    started = time.monotonic()
+    assert other_owner(lambda: chain.acquire(key, ttl=30, wait=0.3)) is None
+    assert 0.25 <= time.monotonic() - started < 1.5
+    assert len(lower) == 0, "the lower tier was asked"
+    assert not kinds_of(events, EventKind.DEGRADED)
+    chain.release(held)
+
+
+def test_an_unreachable_tier_degrades_and_its_breaker_then_skips_it(
+    events: list[Event], key: str
+) -> None:
+    dead = RedisProvider(f"redis://127.0.0.1:{free_port()}/0")
+    chain = FallbackChain([dead, LocalProvider()], breaker=Breaker(reset_timeout=60))
+    lease = chain.acquire(key, ttl=30)
+    assert lease is not None and lease.backend == "local"
+    degraded = kinds_of(events, EventKind.DEGRADED)
+    assert [(e.backend, e.detail) for e in degraded] == [("redis", "to local")]
+    assert chain.breakers["redis"].state == "open"
+    chain.release(lease)
+    started = time.monotonic()
+    again = chain.acquire(key, ttl=30)
+    assert time.monotonic() - started < 0.01, "an open breaker must cost no I/O"
+    assert again is not None and again.backend == "local"
+    chain.release(again)
+    dead.close()
+
+
+def test_fail_back_after_the_breaker_resets(
+    tiers: tuple[RedisHashProvider, LocalProvider],
+    redis_server: RedisServer,
+    events: list[Event],
+    key: str,
+) -> None:
+    upper, lower = tiers
+    chain = FallbackChain([upper, lower], breaker=Breaker(reset_timeout=0.5))
+    redis_server.kill()
+    lease = chain.acquire(key, ttl=30)
+    assert lease is not None and lease.backend == "local"
+    chain.release(lease)
+    redis_server.start()
+    restarted = time.monotonic()
+    while True:
+        lease = chain.acquire(key, ttl=30)
+        assert lease is not None
+        chain.release(lease)
+        if lease.backend == "redis":
+            break
+        assert time.monotonic() - restarted < 0.5 + 1.0, "no fail-back within reset_timeout + 1 s"
+        time.sleep(0.05)
+    assert kinds_of(events, EventKind.RECOVERED)
+    states = [e.detail for e in kinds_of(events, EventKind.BREAKER) if e.backend == "redis"]
+    assert states == ["closed -> open", "open -> half-open", "half-open -> closed"]
+
+
+def test_every_tier_down_raises_with_each_cause(key: str) -> None:
+    first = RedisProvider(f"redis://127.0.0.1:{free_port()}/0", name="first")
+    second = RedisProvider(f"redis://127.0.0.1:{free_port()}/0", name="second")
+    chain = FallbackChain([first, second])
+    with pytest.raises(AllBackendsUnavailable) as caught:
+        chain.acquire(key, ttl=30, wait=0)
+    assert set(caught.value.causes) == {"first", "second"}
+    assert all(isinstance(c, BackendUnavailable) for c in caught.value.causes.values())
+    first.close()
+    second.close()
+
+
+def test_a_release_on_a_dead_tier_is_queued_and_sent_when_it_answers(
+    tiers: tuple[RedisHashProvider, LocalProvider],
+    redis_server: RedisServer,
+    events: list[Event],
+    key: str,
+) -> None:
+    upper, lower = tiers
+    chain = FallbackChain([upper, lower], breaker=Breaker(reset_timeout=0.2))
+    lease = chain.acquire(key, ttl=30)
+    assert lease is not None and lease.backend == "redis"
+    redis_server.pause()
+    try:
+        chain.release(lease)  # does not raise: the caller's work is done
+    finally:
+        redis_server.resume()
+    assert chain.pending("redis") == 1
+    assert kinds_of(events, EventKind.RELEASE_QUEUED)
+    time.sleep(0.3)  # past reset_timeout: the next acquire probes Redis
+    other = chain.acquire(key + ":other", ttl=30)
+    assert other is not None and other.backend == "redis"
+    chain.release(other)
+    deadline = time.monotonic() + 2
+    while chain.pending("redis") and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert chain.pending("redis") == 0
+    free = other_owner(lambda: chain.acquire(key, ttl=30, wait=0))
+    assert free is not None and free.backend == "redis"  # type: ignore[attr-defined]
+    chain.release(free)  # type: ignore[arg-type]
+
+
+class ReplyLost:
+    """A real provider whose first acquire takes the lock on the server and then loses
+    the reply (the fault a timeout after sending causes)."""
+
+    def __init__(self, provider: RedisProvider) -> None:
+        self.provider = provider
+        self.lost = 0
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.provider, name)
+
+    def acquire(self, key: str, **options: Any) -> Lease | None:
+        lease = self.provider.acquire(key, **options)
+        if self.lost or lease is None:
+            return lease
+        self.lost += 1
+        raise BackendUnavailable(
+            "reply lost", backend=self.provider.name, ambiguous=True, key=key, token=lease.token
+        )
+
+
+def test_an_ambiguous_acquire_is_released_once_the_tier_answers(
+    redis_server: RedisServer, key: str
+) -> None:
+    upper = RedisProvider(redis_server.url, name="redis")
+    flaky = ReplyLost(upper)
+    retry = Retrying(stop=stop_after_attempt(1), reraise=True)
+    chain = FallbackChain(
+        [flaky, LocalProvider()],
+        retry=retry,
+        breaker=Breaker(reset_timeout=0.1),
+    )
+    lease = chain.acquire(key, ttl=30, wait=0)
+    assert lease is not None and lease.backend == "local"
+    assert chain.counts["ambiguous"] == 1 and chain.pending("redis") == 1
+    admin = redis.Redis.from_url(redis_server.url)
+    lock_key = f"locks:{{{redis_hash_tag(key)}}}"
+    assert admin.exists(lock_key), "the lost reply's lock is on Redis"
+    time.sleep(0.2)
+    probe = chain.acquire(key + ":probe", ttl=30)  # Redis answers again
+    assert probe is not None and probe.backend == "redis"
+    chain.release(probe)
+    deadline = time.monotonic() + 2
+    while admin.exists(lock_key) and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert not admin.exists(lock_key), "the ambiguous lock was never released"
+    assert chain.pending("redis") == 0
+    chain.release(lease)
+    admin.close()
+    upper.close()
+
+
+def test_capabilities_are_the_intersection(
+    tiers: tuple[RedisHashProvider, LocalProvider],
+) -> None:
+    chain = FallbackChain(list(tiers))
+    assert chain.capabilities == tiers[0].capabilities & tiers[1].capabilities
+    assert not chain.capabilities.cross_process
+
+
+def test_the_switch_forces_and_disables_at_run_time(
+    tiers: tuple[RedisHashProvider, LocalProvider], events: list[Event], key: str
+) -> None:
+    upper, lower = tiers
+    switch = Switch(environ={})
+    chain = FallbackChain([upper, lower], switch=switch)
+    redis_lease = chain.acquire(key, ttl=30)
+    assert redis_lease is not None and redis_lease.backend == "redis"
+    switch.force("local")
+    forced = chain.acquire(key + ":2", ttl=30)
+    assert forced is not None and forced.backend == "local"
+    # the older lease still goes to the tier that granted it
+    chain.release(redis_lease)
+    assert not upper.is_held(redis_lease)
+    chain.release(forced)
+    switch.clear()
+    switch.disable("redis")
+    disabled = chain.acquire(key, ttl=30)
+    assert disabled is not None and disabled.backend == "local"
+    chain.release(disabled)
+    switch.enable("redis")
+    back = chain.acquire(key, ttl=30)
+    assert back is not None and back.backend == "redis"
+    chain.release(back)
+    assert len(kinds_of(events, EventKind.SWITCHED)) == 4
+    assert not kinds_of(events, EventKind.DEGRADED)
+
+
+def test_forcing_a_dead_backend_fails_instead_of_falling_back(key: str) -> None:
+    dead = RedisProvider(f"redis://127.0.0.1:{free_port()}/0", name="redis")
+    switch = Switch(environ={"LOCKS_FORCE": "redis"})
+    chain = FallbackChain([dead, LocalProvider()], switch=switch)
+    with pytest.raises(AllBackendsUnavailable):
+        chain.acquire(key, ttl=30, wait=0)
+    switch.force("zookeeper")  # not a tier of this chain: it gets no tier at all
+    with pytest.raises(AllBackendsUnavailable, match="switch"):
+        chain.acquire(key, ttl=30, wait=0)
+    dead.close()
+
+
+def test_a_watched_switch_file_applies_within_its_poll_and_survives_corruption(
+    tmp_path: Path, events: list[Event]
+) -> None:
+    path = tmp_path / "switch.toml"
+    path.write_text('disable = ["redis"]\n')
+    switch = Switch(file=path, poll_interval=0.05, environ={"LOCKS_FORCE": "zk"})
+    try:
+        assert switch.state.disabled == {"redis"} and switch.state.source == "file"
+        path.write_text('force = "local"\n')
+        deadline = time.monotonic() + 2
+        while switch.state.forced != "local" and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert switch.state.forced == "local"
+        path.write_text("force = [unterminated\n")  # a broken push
+        time.sleep(0.3)
+        assert switch.state.forced == "local", "a corrupt file must keep the last good state"
+        switch.force("redis")  # code wins over the file
+        assert switch.state.forced == "redis" and switch.state.source == "code"
+        switch.clear()
+        assert switch.state.forced == "local"
+        path.unlink()  # no file: the environment decides
+        deadline = time.monotonic() + 2
+        while switch.state.source != "environment" and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert switch.state.forced == "zk"
+    finally:
+        switch.close()
+
+
+def test_safe_mode_holds_the_lower_tier_back_for_max_lease(
+    tiers: tuple[RedisHashProvider, LocalProvider], redis_server: RedisServer, key: str
+) -> None:
+    upper, lower = tiers
+    upper.watchdog_ttl = 1.0
+    chain = FallbackChain(
+        [upper, lower], mode="safe", max_lease=1.0, breaker=Breaker(reset_timeout=0.3)
+    )
+    redis_server.kill()
+    started = time.monotonic()
+    with pytest.raises(AllBackendsUnavailable, match="safe mode"):
+        chain.acquire(key, ttl=1, wait=0.2)
+    lease = chain.acquire(key, ttl=1, wait=5)
+    assert lease is not None and lease.backend == "local"
+    assert time.monotonic() - started >= 1.0, "the lower tier granted inside max_lease"
+    # fail-back: Redis answers again, the outage's holder on `local` still excludes others
+    redis_server.start()
+    time.sleep(0.4)
+    assert other_owner(lambda: chain.acquire(key, ttl=1, wait=0.3)) is None
+    chain.release(lease)
+    both = other_owner(lambda: chain.acquire(key, ttl=1, wait=1))
+    assert both is not None and both.backend == "redis"  # type: ignore[attr-defined]
+    assert len(lower) == 1, "the fail-back lease did not also hold the key on local"
+    chain.release(both)  # type: ignore[arg-type]
+    assert len(lower) == 0
+
+
+def test_safe_mode_refuses_leases_longer_than_max_lease(
+    tiers: tuple[RedisHashProvider, LocalProvider],
+) -> None:
+    with pytest.raises(ValueError, match="max_lease"):
+        FallbackChain(list(tiers), mode="safe", max_lease=10)  # watchdog_ttl is 30
+    chain = FallbackChain(list(tiers), mode="safe", max_lease=30)
+    with pytest.raises(ValueError, match="max_lease"):
+        chain.acquire("k", ttl=31)
+    with pytest.raises(ValueError, match="mode"):
+        FallbackChain(list(tiers), mode="yolo")
+    with pytest.raises(ValueError, match="unique"):
+        FallbackChain([tiers[1], LocalProvider()])
