@@ -100,7 +100,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
 
     with tempfile.TemporaryDirectory(prefix="locks-bench-") as workdir:
-        server = MariaDBServer(Path(workdir))
+        server = MariaDBServer(Path(workdir), durable=True)  # fsync per commit
         server.start()
         try:
             contenders = [

@@ -204,7 +204,9 @@ class MariaDBServer(ServerProcess):
     name = "mariadb"
     password = "locks-test-pw"
 
-    def __init__(self, workdir: Path) -> None:
+    def __init__(self, workdir: Path, *, durable: bool = False) -> None:
+        """`durable`: flush the redo log at every commit, as production servers do
+        (benchmarks); the tests skip that fsync to run faster."""
         super().__init__(workdir)
         self.binary = require_binary("mariadbd", "/usr/sbin/mariadbd")
         self.install_db = require_binary("mariadb-install-db", "/usr/bin/mariadb-install-db")
@@ -221,6 +223,7 @@ class MariaDBServer(ServerProcess):
                 check=True, cwd=workdir, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
             )  # fmt: skip
         self._initialised = False
+        self.durable = durable
 
     @property
     def url(self) -> str:
@@ -235,7 +238,8 @@ class MariaDBServer(ServerProcess):
             self.binary, "--no-defaults", f"--datadir={self.datadir}",
             f"--socket={self.socket}", f"--pid-file={self.workdir / 'mariadb.pid'}",
             f"--port={self.port}", "--bind-address=127.0.0.1", "--user=root",
-            "--skip-name-resolve", "--innodb-flush-log-at-trx-commit=2",
+            "--skip-name-resolve",
+            f"--innodb-flush-log-at-trx-commit={1 if self.durable else 2}",
             "--innodb-buffer-pool-size=64M", "--max-connections=500",
             "--character-set-server=utf8mb4", "--collation-server=utf8mb4_bin",
         ]  # fmt: skip

@@ -22,6 +22,7 @@ import random
 import threading
 import time
 from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any
 
 import sqlalchemy as sa
@@ -108,6 +109,25 @@ AND expires_at > {now}
 _PURGE = "DELETE FROM {t} WHERE expires_at < {now} - :grace_us"
 
 
+@dataclass(frozen=True)
+class _Statement:
+    """A statement compiled once for the driver's parameter style."""
+
+    sql: str
+    positions: tuple[str, ...] | None  # parameter order for positional styles (qmark)
+
+    @classmethod
+    def compile(cls, sql: str, dialect: Any) -> _Statement:
+        compiled = sa.text(sql).compile(dialect=dialect)
+        positions = tuple(compiled.positiontup or ()) if compiled.positional else None
+        return cls(compiled.string, positions)
+
+    def args(self, params: dict[str, Any]) -> Any:
+        if self.positions is None:
+            return params
+        return [params[name] for name in self.positions]
+
+
 class DatabaseProvider(ProviderBase):
     """Type `database`: MySQL/MariaDB (pymysql), PostgreSQL or SQLite through SQLAlchemy."""
 
@@ -166,12 +186,17 @@ class DatabaseProvider(ProviderBase):
         quoted = engine.dialect.identifier_preparer.quote(self.table_name)
         parts = {"t": quoted, "now": _CLOCK_US[dialect], "greatest": _GREATEST[dialect]}
         acquire = _MYSQL_ACQUIRE if dialect == "mysql" else _UPSERT_ACQUIRE
-        self._acquire_sql = sa.text(acquire.format(**parts))
-        self._release_sql = sa.text(_RELEASE.format(**parts))
-        self._extend_sql = sa.text(_EXTEND.format(**parts))
-        self._release_token_sql = sa.text(_RELEASE_TOKEN.format(**parts))
-        self._is_held_sql = sa.text(_IS_HELD.format(**parts))
-        self._purge_sql = sa.text(_PURGE.format(**parts))
+
+        def compiled(sql: str) -> _Statement:
+            return _Statement.compile(sql.format(**parts), engine.dialect)
+
+        self._acquire_sql = compiled(acquire)
+        self._release_sql = compiled(_RELEASE)
+        self._extend_sql = compiled(_EXTEND)
+        self._release_token_sql = compiled(_RELEASE_TOKEN)
+        self._is_held_sql = compiled(_IS_HELD)
+        self._purge_sql = compiled(_PURGE)
+        self._ping_sql = compiled("SELECT 1")
         self._create_table = create_table
         self._table_ready = False
         self._setup_lock = threading.Lock()
@@ -217,9 +242,39 @@ class DatabaseProvider(ProviderBase):
     def _secret(self) -> str | None:
         return self.engine.url.password
 
-    def _run(self, statement: sa.TextClause, params: dict[str, Any]) -> sa.CursorResult[Any]:
-        with self.engine.connect() as conn:
-            return conn.execute(statement, params)
+    def _run(
+        self,
+        statement: _Statement,
+        params: dict[str, Any],
+        *,
+        ambiguous: bool = False,
+        key: str | None = None,
+        token: str | None = None,
+    ) -> tuple[int, int, Any]:
+        """Run one statement on a pooled DBAPI connection, without SQLAlchemy's execution
+        layer (it cost more than the round trip); returns rowcount, lastrowid, first row.
+        Driver errors are translated here; a dead connection leaves the pool."""
+        dbapi = self.engine.dialect.loaded_dbapi
+        with self._translated(ambiguous=ambiguous, key=key, token=token):
+            connection = self.engine.raw_connection()
+            try:
+                cursor = connection.cursor()
+                try:
+                    cursor.execute(statement.sql, statement.args(params))
+                    row = cursor.fetchone() if cursor.description else None
+                    return cursor.rowcount, cursor.lastrowid or 0, row
+                finally:
+                    cursor.close()
+            except dbapi.Error as error:
+                if self.engine.dialect.is_disconnect(error, connection.dbapi_connection, None):
+                    connection.invalidate(error)
+                if isinstance(error, dbapi.OperationalError | dbapi.InterfaceError):
+                    raise self._unavailable(
+                        error, ambiguous=ambiguous, key=key, token=token
+                    ) from error
+                raise
+            finally:
+                connection.close()
 
     # -- the algorithm --------------------------------------------------------------------
 
@@ -231,8 +286,7 @@ class DatabaseProvider(ProviderBase):
         delay = 0.01
         while True:
             sent_at = time.monotonic()
-            with self._translated(ambiguous=True, key=key, token=token):
-                taken = self._take(params)
+            taken = self._take(params, key, token)
             if taken is not None:
                 fence, depth = taken
                 return Grant(token, fence, depth, sent_at)
@@ -246,20 +300,16 @@ class DatabaseProvider(ProviderBase):
             time.sleep(pause)
             delay = min(delay * 2, 0.2)
 
-    def _take(self, params: dict[str, Any]) -> tuple[int, int] | None:
+    def _take(self, params: dict[str, Any], key: str, token: str) -> tuple[int, int] | None:
         """One try: (fence, depth) if this owner holds the lock now, else None."""
-        with self.engine.connect() as conn:
-            result = conn.execute(self._acquire_sql, params)
-            if self._dialect == "mysql":
-                packed = int(result.lastrowid or 0)
-                return divmod(packed, _DEPTH_BITS) if packed else None
-            row = result.first()
+        _, packed, row = self._run(self._acquire_sql, params, ambiguous=True, key=key, token=token)
+        if self._dialect == "mysql":
+            return divmod(int(packed), _DEPTH_BITS) if packed else None
         return (int(row[0]), int(row[1])) if row is not None else None
 
     def _release(self, lease: Lease) -> bool:
         params = {"name": lease.key, "owner": lease.owner, "fence": lease.fence}
-        with self._translated():
-            released = self._run(self._release_sql, params).rowcount == 1
+        released = self._run(self._release_sql, params)[0] == 1
         self._releases += 1
         if self._releases % _PURGE_EVERY == 0:
             self.purge()
@@ -267,14 +317,11 @@ class DatabaseProvider(ProviderBase):
 
     def _release_unknown(self, lease: Lease) -> bool:
         params = {"name": lease.key, "owner": lease.owner, "token": lease.token}
-        with self._translated():
-            return bool(self._run(self._release_token_sql, params).rowcount == 1)
+        return self._run(self._release_token_sql, params)[0] == 1
 
     def purge(self) -> int:
         """Delete rows free or expired for longer than `purge_after`; returns how many."""
-        with self._translated():
-            deleted = self._run(self._purge_sql, {"grace_us": round(self.purge_after * 1e6)})
-        return int(deleted.rowcount)
+        return self._run(self._purge_sql, {"grace_us": round(self.purge_after * 1e6)})[0]
 
     def _extend(self, lease: Lease, ttl: float) -> bool:
         params = {
@@ -283,17 +330,14 @@ class DatabaseProvider(ProviderBase):
             "fence": lease.fence,
             "ttl_us": round(ttl * 1e6),
         }
-        with self._translated():
-            return bool(self._run(self._extend_sql, params).rowcount == 1)
+        return self._run(self._extend_sql, params)[0] == 1
 
     def _is_held(self, lease: Lease) -> bool:
         params = {"name": lease.key, "owner": lease.owner, "fence": lease.fence}
-        with self._translated():
-            return self._run(self._is_held_sql, params).first() is not None
+        return self._run(self._is_held_sql, params)[2] is not None
 
     def ping(self) -> None:
-        with self._translated():
-            self._run(sa.text("SELECT 1"), {})
+        self._run(self._ping_sql, {})
 
     def close(self) -> None:
         super().close()
