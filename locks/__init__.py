@@ -1,6 +1,7 @@
 """fallback-locks: named locks shared by processes and hosts, over Redis, ZooKeeper,
 databases or a local fallback, behind one protocol."""
 
+from locks.config import Registry, from_config
 from locks.errors import (
     AllBackendsUnavailable,
     BackendUnavailable,
@@ -30,7 +31,9 @@ __all__ = [
     "LockNotOwned",
     "LockProvider",
     "LockTimeout",
+    "Registry",
     "Switch",
     "add_observer",
+    "from_config",
     "remove_observer",
 ]
