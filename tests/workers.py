@@ -6,6 +6,8 @@ import time
 from multiprocessing.synchronize import Event as EventType
 from pathlib import Path
 
+from locks import Breaker, FallbackChain
+from locks.backends import DatabaseProvider, LocalProvider, RedisProvider, ZooKeeperProvider
 from tests.backends import make_provider
 
 
@@ -38,3 +40,32 @@ def hold_until_killed(
     assert lease is not None
     held.set()
     time.sleep(120)
+
+
+def chain_increment(
+    addresses: dict[str, str], mode: str, key: str, counter: str, rounds: int
+) -> list[tuple[str, float]]:
+    """Read-sleep-write increments through a redis -> zk -> db -> local chain while the
+    test kills servers. Returns (tier that granted, monotonic time granted) per round."""
+    chain = FallbackChain(
+        [
+            RedisProvider(addresses["redis"], name="redis", watchdog_ttl=2.0),
+            ZooKeeperProvider(addresses["zk"], name="zk", session_timeout=4.0),
+            DatabaseProvider(addresses["db"], name="db", watchdog_ttl=2.0),
+            LocalProvider(),
+        ],
+        mode=mode,
+        max_lease=2.0,
+        breaker=Breaker(reset_timeout=1.0),
+    )
+    path = Path(counter)
+    granted = []
+    for _ in range(rounds):
+        with chain.lock(key, ttl=2.0, wait=60) as lease:
+            granted.append((lease.backend, time.monotonic()))
+            value = int(path.read_text())
+            time.sleep(0.002)
+            path.write_text(str(value + 1))
+    for tier in chain.tiers.values():
+        tier.close()
+    return granted

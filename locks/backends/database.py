@@ -255,8 +255,13 @@ class DatabaseProvider(ProviderBase):
         layer (it cost more than the round trip); returns rowcount, lastrowid, first row.
         Driver errors are translated here; a dead connection leaves the pool."""
         dbapi = self.engine.dialect.loaded_dbapi
+        unavailable = (dbapi.OperationalError, dbapi.InterfaceError)
+        with self._translated():  # the pool's own errors (a checkout that timed out)
+            try:
+                connection = self.engine.raw_connection()
+            except unavailable as error:  # refused before anything was sent
+                raise self._unavailable(error) from error
         with self._translated(ambiguous=ambiguous, key=key, token=token):
-            connection = self.engine.raw_connection()
             try:
                 cursor = connection.cursor()
                 try:
@@ -268,7 +273,7 @@ class DatabaseProvider(ProviderBase):
             except dbapi.Error as error:
                 if self.engine.dialect.is_disconnect(error, connection.dbapi_connection, None):
                     connection.invalidate(error)
-                if isinstance(error, dbapi.OperationalError | dbapi.InterfaceError):
+                if isinstance(error, unavailable):
                     raise self._unavailable(
                         error, ambiguous=ambiguous, key=key, token=token
                     ) from error

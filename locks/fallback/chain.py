@@ -88,11 +88,12 @@ class _Pending:
 class _Closed(Exception):
     """Safe mode: a lower tier may not grant before `opens_at` (monotonic)."""
 
-    def __init__(self, tier: str, opens_at: float) -> None:
+    def __init__(self, tier: str, opens_at: float, causes: dict[str, BaseException]) -> None:
         wait = opens_at - time.monotonic()
         super().__init__(f"safe mode: {tier} may grant in {wait:.1f} s")
         self.tier = tier
         self.opens_at = opens_at
+        self.causes = causes  # why the tiers above it were passed over
 
 
 class FallbackChain:
@@ -180,7 +181,8 @@ class FallbackChain:
                 now = time.monotonic()
                 if deadline is not None and now >= deadline:
                     cause = BackendUnavailable(str(closed), backend=closed.tier)
-                    raise AllBackendsUnavailable(self.name, {closed.tier: cause}) from None
+                    causes = {**closed.causes, closed.tier: cause}
+                    raise AllBackendsUnavailable(self.name, causes) from None
                 # look again soon: the upper tier may be back before the gate opens
                 until = closed.opens_at if deadline is None else min(closed.opens_at, deadline)
                 time.sleep(max(0.0, min(until - now, 0.5)))
@@ -196,7 +198,7 @@ class FallbackChain:
         for position, tier in enumerate(tiers):
             failed_above = [above for above in tiers[:position] if above in causes]
             if self.mode == "safe":
-                self._check_gate(tier, failed_above)
+                self._check_gate(tier, failed_above, causes)
             if not self.breakers[tier].allow():
                 causes[tier] = BackendUnavailable(f"{tier}: circuit open, skipped", backend=tier)
                 self._note_down(tier)
@@ -247,14 +249,16 @@ class FallbackChain:
 
     # -- safe mode ----------------------------------------------------------------------------
 
-    def _check_gate(self, tier: str, failed_above: list[str]) -> None:
+    def _check_gate(
+        self, tier: str, failed_above: list[str], causes: dict[str, BaseException]
+    ) -> None:
         """Raise `_Closed` while a tier above `tier` that failed may still have leases out."""
         if not failed_above:
             return
         with self._lock:
             opens_at = max(self._down_since.get(t, 0.0) + self.max_lease for t in failed_above)
         if opens_at > time.monotonic():
-            raise _Closed(tier, opens_at)
+            raise _Closed(tier, opens_at, causes)
 
     def _settle(
         self, tier: str, lease: Lease, failed_above: list[str], request: _Request
