@@ -97,6 +97,7 @@ class ProviderBase(ABC):
         deadline = None if wait is None else started + wait
         grant = self._reporting(key, self._acquire, key, owner, new_token(), lease_ttl, deadline)
         if grant is None:
+            emit(EventKind.TIMED_OUT, self.name, key, duration=time.monotonic() - started)
             return None
         expires = self.capabilities.expires
         lease = Lease(

@@ -18,6 +18,7 @@ logger = logging.getLogger("locks")
 
 class EventKind(StrEnum):
     ACQUIRED = "acquired"
+    TIMED_OUT = "timed_out"  # wait ran out while another owner held the lock
     RELEASED = "released"
     EXTENDED = "extended"
     LOST = "lost"
@@ -45,6 +46,7 @@ Observer = Callable[[Event], None]
 
 _LEVELS = {
     EventKind.ACQUIRED: logging.DEBUG,
+    EventKind.TIMED_OUT: logging.DEBUG,
     EventKind.RELEASED: logging.DEBUG,
     EventKind.EXTENDED: logging.DEBUG,
     EventKind.LOST: logging.WARNING,
