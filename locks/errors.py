@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
+from typing import Any
 
 
 class LockError(Exception):
@@ -19,6 +20,13 @@ class LockNotOwned(LockError):
 
 class LockLost(LockError):
     """The lease expired, its renewal failed, or it was released."""
+
+
+def _restore(cls: type[BaseException], args: tuple[Any, ...], state: dict[str, Any]) -> Any:
+    error = cls.__new__(cls)
+    BaseException.__init__(error, *args)
+    error.__dict__.update(state)
+    return error
 
 
 class BackendUnavailable(LockError):
@@ -45,6 +53,10 @@ class BackendUnavailable(LockError):
         self.ambiguous = ambiguous
         self.key = key
         self.token = token
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        # keyword-only arguments defeat Exception's pickling; errors cross processes
+        return (_restore, (type(self), self.args, self.__dict__))
 
 
 class AllBackendsUnavailable(BackendUnavailable):

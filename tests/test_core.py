@@ -288,3 +288,21 @@ def test_the_core_imports_without_any_server_client() -> None:
     )
     done = subprocess.run([sys.executable, "-c", code], check=False, capture_output=True, text=True)
     assert done.returncode == 0, done.stderr
+
+
+def test_errors_cross_process_boundaries() -> None:
+    # a worker's BackendUnavailable must reach its pool's parent intact
+    import pickle  # noqa: PLC0415
+
+    from locks import AllBackendsUnavailable, BackendUnavailable  # noqa: PLC0415
+
+    error = BackendUnavailable(
+        "down", backend="redis", address="h:1", ambiguous=True, key="k", token="t"
+    )
+    every = AllBackendsUnavailable("chain", {"redis": error})
+    for original in (error, every):
+        copy = pickle.loads(pickle.dumps(original))
+        assert type(copy) is type(original) and str(copy) == str(original)
+        assert copy.__dict__.keys() == original.__dict__.keys()
+    assert pickle.loads(pickle.dumps(error)).token == "t"
+    assert pickle.loads(pickle.dumps(every)).causes["redis"].ambiguous

@@ -175,3 +175,17 @@ def test_bad_settings_are_refused_before_connecting() -> None:
     engine = sa.create_engine("sqlite://")
     provider = DatabaseProvider(engine=engine)
     assert provider.address == "sqlite::memory:"
+
+
+def test_many_providers_creating_the_table_at_once_all_succeed(
+    mariadb_server: MariaDBServer, key: str
+) -> None:
+    table = "race_" + key.rsplit(":", 1)[1][:12]
+    providers = [DatabaseProvider(mariadb_server.url, table=table) for _ in range(8)]
+    with ThreadPoolExecutor(max_workers=8) as pool:
+        leases = list(pool.map(lambda p: p.acquire(f"{key}:{id(p)}", ttl=30), providers))
+    assert all(lease is not None for lease in leases)
+    for provider, lease in zip(providers, leases, strict=True):
+        assert lease is not None
+        provider.release(lease)
+        provider.close()

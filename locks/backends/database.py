@@ -28,6 +28,7 @@ from typing import Any
 import sqlalchemy as sa
 from sqlalchemy import event, exc
 from sqlalchemy.engine import Engine
+from sqlalchemy.schema import CreateTable
 
 from locks.base import Grant, ProviderBase
 from locks.names import check_name, check_seconds
@@ -229,8 +230,9 @@ class DatabaseProvider(ProviderBase):
     def create_table(self) -> None:
         """Create the lock table if it does not exist (needs CREATE privilege)."""
         with self._translated(), self.engine.connect() as conn:
-            # learn the server (MariaDB or MySQL) before choosing the collation
-            self.table().create(conn, checkfirst=True)
+            # connected first: the server (MariaDB or MySQL) decides the collation;
+            # IF NOT EXISTS: processes starting together may all try
+            conn.execute(CreateTable(self.table(), if_not_exists=True))
         self._table_ready = True
 
     def _ready(self) -> None:
