@@ -1,0 +1,5 @@
+import sys
+
+from locks.cli import main
+
+sys.exit(main())
