@@ -203,7 +203,10 @@ class ReleaseNotifier:
                     return
             try:
                 message = pubsub.get_message(timeout=self._linger)
-            except (RedisError, OSError, ValueError) as exc:
+            except Exception as exc:  # redis-py raises odd things when closed under a read
+                with self._lock:
+                    if self._closed or pubsub is not self._pubsub:
+                        return
                 self._connection_broke(exc)
                 time.sleep(0.1)
                 continue
