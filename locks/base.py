@@ -13,7 +13,7 @@ from typing import ClassVar, NamedTuple, ParamSpec, TypeVar
 
 from locks.errors import BackendUnavailable, LockNotOwned
 from locks.events import EventKind, emit
-from locks.names import check_name, check_seconds, check_ttl, check_wait
+from locks.names import check_acquire, check_name, check_seconds, check_ttl
 from locks.owner import current_owner, in_this_process, new_token
 from locks.provider import Capabilities, Lease, LeaseState, Lock, LostCallback
 from locks.watchdog import mark_lost, watchdog
@@ -86,11 +86,7 @@ class ProviderBase(ABC):
         wait: float | None = None,
         on_lost: LostCallback | None = None,
     ) -> Lease | None:
-        key = check_name(key)
-        fixed_ttl = check_ttl(ttl)
-        wait = check_wait(wait)
-        if on_lost is not None and not callable(on_lost):
-            raise TypeError(f"on_lost must be callable, not {type(on_lost).__name__}")
+        key, fixed_ttl, wait = check_acquire(key, ttl, wait, on_lost)
         lease_ttl = self.watchdog_ttl if fixed_ttl is None else fixed_ttl
         owner = current_owner()
         started = time.monotonic()

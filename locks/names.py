@@ -41,6 +41,16 @@ def check_wait(wait: object, argument: str = "wait") -> float | None:
     return _positive_seconds(wait, argument, allow_zero=True)
 
 
+def check_acquire(
+    key: object, ttl: object, wait: object, on_lost: object
+) -> tuple[str, float | None, float | None]:
+    """The arguments every acquire takes (a backend's or a chain's), checked before I/O."""
+    checked = check_name(key), check_ttl(ttl), check_wait(wait)
+    if on_lost is not None and not callable(on_lost):
+        raise TypeError(f"on_lost must be callable, not {type(on_lost).__name__}")
+    return checked
+
+
 def check_seconds(value: object, argument: str) -> float:
     """A finite duration > 0 for a setting such as `watchdog_ttl` or a timeout."""
     return _positive_seconds(value, argument, allow_zero=False)

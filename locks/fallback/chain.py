@@ -38,7 +38,7 @@ from locks.errors import AllBackendsUnavailable, BackendUnavailable, LockNotOwne
 from locks.events import EventKind, emit
 from locks.fallback.breaker import Breaker, BreakerState
 from locks.fallback.switch import Switch
-from locks.names import check_name, check_seconds, check_ttl, check_wait
+from locks.names import check_acquire, check_name, check_seconds
 from locks.owner import current_owner
 from locks.provider import Capabilities, Lease, Lock, LockProvider, LostCallback
 
@@ -163,11 +163,7 @@ class FallbackChain:
         wait: float | None = None,
         on_lost: LostCallback | None = None,
     ) -> Lease | None:
-        key = check_name(key)
-        ttl = check_ttl(ttl)
-        wait = check_wait(wait)
-        if on_lost is not None and not callable(on_lost):
-            raise TypeError(f"on_lost must be callable, not {type(on_lost).__name__}")
+        key, ttl, wait = check_acquire(key, ttl, wait, on_lost)
         if self.mode == "safe" and ttl is not None and ttl > self.max_lease:
             raise ValueError(
                 f"ttl={ttl} is longer than this safe chain's max_lease={self.max_lease}"
