@@ -117,6 +117,7 @@ def test_the_password_never_appears_in_an_error() -> None:
         provider.acquire("k", ttl=1)
     assert "sup3r-s3cret" not in str(caught.value)
     assert f"127.0.0.1:{port}" in str(caught.value)
+    assert not caught.value.ambiguous  # refused at connect: nothing was sent
     provider.close()
 
 

@@ -131,7 +131,9 @@ class _RedisProviderBase(ProviderBase):
         try:
             reply = self._acquire_script([keys.lock, keys.fence], args)
         except self.unavailable_errors as exc:
-            raise self._unavailable(exc, ambiguous=True, key=keys.name, token=token) from exc
+            # refused at connect: the script was never sent, so nothing can have been taken
+            sent = not isinstance(exc.__context__, ConnectionRefusedError)
+            raise self._unavailable(exc, ambiguous=sent, key=keys.name, token=token) from exc
         # the reply shapes are described in redis_scripts
         if isinstance(reply, int):
             if reply > 0:

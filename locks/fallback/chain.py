@@ -217,7 +217,8 @@ class FallbackChain:
         raise AllBackendsUnavailable(self.name, causes)
 
     def _acquire_on(self, tier: str, request: _Request) -> Lease | None:
-        """Acquire on one tier with retries that never run past the deadline."""
+        """Acquire on one tier with retries that never run past the deadline. The first
+        try runs outside tenacity: the common case, success, pays nothing for retries."""
         provider = self.tiers[tier]
 
         def attempt() -> Lease | None:
@@ -231,6 +232,20 @@ class FallbackChain:
                     self._queue(tier, pending)
                 raise
 
+        try:
+            return attempt()
+        except BackendUnavailable as error:
+            first_failure = error
+        replayed = False
+
+        def retried() -> Lease | None:
+            # tenacity's attempt 1 is the failure above, replayed at no cost
+            nonlocal replayed
+            if not replayed:
+                replayed = True
+                raise first_failure
+            return attempt()
+
         retrying = self.retry
         left = request.remaining()
         if left is not None:
@@ -240,7 +255,7 @@ class FallbackChain:
                 return bool(configured(state)) or bool(by_deadline(state))
 
             retrying = retrying.copy(stop=stop)
-        result: Lease | None = retrying(attempt)
+        result: Lease | None = retrying(retried)
         return result
 
     # -- safe mode ----------------------------------------------------------------------------
