@@ -13,9 +13,7 @@ polls GET_LOCK(name, 0) about once a second instead.
 
 from __future__ import annotations
 
-import argparse
 import sys
-import tempfile
 import threading
 import uuid
 from pathlib import Path
@@ -24,17 +22,9 @@ from typing import Any
 import pymysql  # type: ignore[import-untyped]  # no stubs in the dev extra
 from tooz import coordination
 
-from benchmarks.harness import Contender, append_report, measure, table
+from benchmarks.harness import Contender, compare, provider_contender
 from locks.backends import DatabaseProvider
-from locks.base import ProviderBase
 from tests.servers import MariaDBServer
-
-
-def ours(provider: ProviderBase, label: str) -> Contender:
-    def acquire(key: str) -> Any:
-        return provider.acquire(key, ttl=30, wait=30)
-
-    return Contender(label, acquire, provider.release, provider.close)
 
 
 def raw_insert_delete(server: MariaDBServer) -> Contender:
@@ -91,35 +81,28 @@ def tooz_mysql(server: MariaDBServer) -> Contender:
     return Contender("tooz mysql", acquire, lambda lock: lock.release(), coordinator.stop)
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--cycles", type=int, default=2000)
-    parser.add_argument("--rounds", type=int, default=5)
-    parser.add_argument("--samples", type=int, default=20)
-    parser.add_argument("--no-write", action="store_true", help="do not append to docs/")
-    args = parser.parse_args(argv)
+def durable_mariadb(workdir: Path) -> MariaDBServer:
+    return MariaDBServer(workdir, durable=True)  # fsync per commit, as in production
 
-    with tempfile.TemporaryDirectory(prefix="locks-bench-") as workdir:
-        server = MariaDBServer(Path(workdir), durable=True)  # fsync per commit
-        server.start()
-        try:
-            contenders = [
-                raw_insert_delete(server),
-                tooz_mysql(server),
-                ours(DatabaseProvider(server.url), "fallback-locks database"),
-            ]
-            results = measure(contenders, args.cycles, args.rounds, args.samples)
-        finally:
-            server.stop()
-    # the raw pair has no waiting of its own worth timing
-    results[0].handoff_ms = None
-    report = table(results, baseline="raw pymysql INSERT + DELETE")
-    print(report)
-    if not args.no_write:
-        command = "python -m benchmarks.database " + " ".join(argv or sys.argv[1:])
-        path = append_report("Database: uncontended cycles and hand-off", command.strip(), report)
-        print(f"appended to {path}")
-    return 0
+
+def main(argv: list[str] | None = None) -> int:
+    def contenders(server: MariaDBServer) -> list[Contender]:
+        return [
+            raw_insert_delete(server),
+            tooz_mysql(server),
+            provider_contender(DatabaseProvider(server.url), "fallback-locks database"),
+        ]
+
+    return compare(
+        argv,
+        module="benchmarks.database",
+        description=__doc__,
+        title="Database: uncontended cycles and hand-off",
+        server=durable_mariadb,
+        contenders=contenders,
+        baseline="raw pymysql INSERT + DELETE",
+        no_handoff=["raw pymysql INSERT + DELETE"],  # it only spins
+    )
 
 
 if __name__ == "__main__":

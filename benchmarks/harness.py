@@ -7,14 +7,20 @@ move with the machine.
 
 from __future__ import annotations
 
+import argparse
 import statistics
+import sys
+import tempfile
 import threading
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+from locks.provider import LockProvider
+from tests.servers import ServerProcess
 
 Acquire = Callable[[str], Any]  # blocks until held, returns a handle
 Release = Callable[[Any], None]
@@ -116,3 +122,67 @@ def append_report(title: str, command: str, body: str) -> Path:
     with path.open("a") as out:
         out.write(f"\n## {title} ({stamp})\n\n`{command}`\n\n{body}\n")
     return path
+
+
+def provider_contender(provider: LockProvider, label: str, *tiers: LockProvider) -> Contender:
+    """One of ours as a contender (ttl=30, wait=30); `tiers` are closed with it, since a
+    chain closes none of its own."""
+
+    def acquire(key: str) -> Any:
+        return provider.acquire(key, ttl=30, wait=30)
+
+    def close() -> None:
+        provider.close()
+        for tier in tiers:
+            tier.close()
+
+    return Contender(label, acquire, provider.release, close)
+
+
+def arguments(description: str | None, argv: list[str] | None, repetitions: bool = False) -> Any:
+    """The options every benchmark takes."""
+    parser = argparse.ArgumentParser(description=description)
+    parser.add_argument("--cycles", type=int, default=2000)
+    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--samples", type=int, default=20)
+    if repetitions:
+        parser.add_argument("--repetitions", type=int, default=5, help="outages to time")
+    parser.add_argument("--no-write", action="store_true", help="do not append to docs/")
+    return parser.parse_args(argv)
+
+
+def publish(title: str, module: str, argv: list[str] | None, body: str, write: bool) -> None:
+    """Print a report and, unless told not to, append it to docs/ with its command."""
+    print(body)
+    if write:
+        command = f"python -m {module} " + " ".join(argv if argv is not None else sys.argv[1:])
+        print(f"appended to {append_report(title, command.strip(), body)}")
+
+
+def compare(
+    argv: list[str] | None,
+    *,
+    module: str,
+    description: str | None,
+    title: str,
+    server: Callable[[Path], ServerProcess],
+    contenders: Callable[[Any], list[Contender]],
+    baseline: str,
+    no_handoff: Sequence[str] = (),
+) -> int:
+    """The whole of a one-server comparison: start the server, measure every contender
+    in one run, report ratios to `baseline`. `no_handoff` names contenders whose waiting
+    is only a spin, not worth a hand-off figure."""
+    args = arguments(description, argv)
+    with tempfile.TemporaryDirectory(prefix="locks-bench-") as workdir:
+        running = server(Path(workdir))
+        running.start()
+        try:
+            results = measure(contenders(running), args.cycles, args.rounds, args.samples)
+        finally:
+            running.stop()
+    for result in results:
+        if result.name in no_handoff:
+            result.handoff_ms = None
+    publish(title, module, argv, table(results, baseline), not args.no_write)
+    return 0

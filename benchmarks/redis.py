@@ -7,28 +7,17 @@ Starts its own redis-server on a free loopback port (no persistence).
 
 from __future__ import annotations
 
-import argparse
 import sys
-import tempfile
 import uuid
-from pathlib import Path
 from typing import Any
 
 import redis
 import redis_lock
 from pottery import Redlock
 
-from benchmarks.harness import Contender, append_report, measure, table
+from benchmarks.harness import Contender, compare, provider_contender
 from locks.backends import RedisHashProvider, RedisProvider
-from locks.base import ProviderBase
 from tests.servers import RedisServer
-
-
-def ours(provider: ProviderBase, label: str) -> Contender:
-    def acquire(key: str) -> Any:
-        return provider.acquire(key, ttl=30, wait=30)
-
-    return Contender(label, acquire, provider.release, provider.close)
 
 
 def raw_set_del(url: str) -> Contender:
@@ -82,38 +71,27 @@ def pottery_redlock(url: str) -> Contender:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--cycles", type=int, default=2000)
-    parser.add_argument("--rounds", type=int, default=5)
-    parser.add_argument("--samples", type=int, default=20)
-    parser.add_argument("--no-write", action="store_true", help="do not append to docs/")
-    args = parser.parse_args(argv)
+    def contenders(server: RedisServer) -> list[Contender]:
+        url = server.url
+        return [
+            raw_set_del(url),
+            redis_py_lock(url),
+            python_redis_lock(url),
+            pottery_redlock(url),
+            provider_contender(RedisProvider(url), "fallback-locks redis"),
+            provider_contender(RedisHashProvider(url), "fallback-locks redis-hash"),
+        ]
 
-    with tempfile.TemporaryDirectory(prefix="locks-bench-") as workdir:
-        server = RedisServer(Path(workdir))
-        server.start()
-        try:
-            url = server.url
-            contenders = [
-                raw_set_del(url),
-                redis_py_lock(url),
-                python_redis_lock(url),
-                pottery_redlock(url),
-                ours(RedisProvider(url), "fallback-locks redis"),
-                ours(RedisHashProvider(url), "fallback-locks redis-hash"),
-            ]
-            results = measure(contenders, args.cycles, args.rounds, args.samples)
-        finally:
-            server.stop()
-    # the raw pair has no waiting of its own worth timing
-    results[0].handoff_ms = None
-    report = table(results, baseline="redis-py Lock")
-    print(report)
-    if not args.no_write:
-        command = "python -m benchmarks.redis " + " ".join(argv or sys.argv[1:])
-        path = append_report("Redis: uncontended cycles and hand-off", command.strip(), report)
-        print(f"appended to {path}")
-    return 0
+    return compare(
+        argv,
+        module="benchmarks.redis",
+        description=__doc__,
+        title="Redis: uncontended cycles and hand-off",
+        server=RedisServer,
+        contenders=contenders,
+        baseline="redis-py Lock",
+        no_handoff=["raw SET NX PX + DEL"],  # it only spins
+    )
 
 
 if __name__ == "__main__":

@@ -12,27 +12,16 @@ node it may have left behind instead of making sure of its parent path).
 
 from __future__ import annotations
 
-import argparse
 import sys
-import tempfile
 import uuid
-from pathlib import Path
 from typing import Any
 
 from kazoo.client import KazooClient
 from tooz import coordination
 
-from benchmarks.harness import Contender, append_report, measure, table
+from benchmarks.harness import Contender, compare, provider_contender
 from locks.backends import ZooKeeperProvider
-from locks.base import ProviderBase
 from tests.servers import ZooKeeperServer
-
-
-def ours(provider: ProviderBase, label: str) -> Contender:
-    def acquire(key: str) -> Any:
-        return provider.acquire(key, wait=30)
-
-    return Contender(label, acquire, provider.release, provider.close)
 
 
 def kazoo_lock(hosts: str) -> Contender:
@@ -64,33 +53,22 @@ def tooz_kazoo(hosts: str) -> Contender:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--cycles", type=int, default=2000)
-    parser.add_argument("--rounds", type=int, default=5)
-    parser.add_argument("--samples", type=int, default=20)
-    parser.add_argument("--no-write", action="store_true", help="do not append to docs/")
-    args = parser.parse_args(argv)
+    def contenders(server: ZooKeeperServer) -> list[Contender]:
+        return [
+            kazoo_lock(server.hosts),
+            tooz_kazoo(server.hosts),
+            provider_contender(ZooKeeperProvider(server.hosts), "fallback-locks zookeeper"),
+        ]
 
-    with tempfile.TemporaryDirectory(prefix="locks-bench-") as workdir:
-        server = ZooKeeperServer(Path(workdir))
-        server.start()
-        try:
-            hosts = server.hosts
-            contenders = [
-                kazoo_lock(hosts),
-                tooz_kazoo(hosts),
-                ours(ZooKeeperProvider(hosts), "fallback-locks zookeeper"),
-            ]
-            results = measure(contenders, args.cycles, args.rounds, args.samples)
-        finally:
-            server.stop()
-    report = table(results, baseline="kazoo Lock")
-    print(report)
-    if not args.no_write:
-        command = "python -m benchmarks.zookeeper " + " ".join(argv or sys.argv[1:])
-        path = append_report("ZooKeeper: uncontended cycles and hand-off", command.strip(), report)
-        print(f"appended to {path}")
-    return 0
+    return compare(
+        argv,
+        module="benchmarks.zookeeper",
+        description=__doc__,
+        title="ZooKeeper: uncontended cycles and hand-off",
+        server=ZooKeeperServer,
+        contenders=contenders,
+        baseline="kazoo Lock",
+    )
 
 
 if __name__ == "__main__":
