@@ -326,3 +326,32 @@ def test_safe_mode_refuses_leases_longer_than_max_lease(
         FallbackChain(list(tiers), mode="yolo")
     with pytest.raises(ValueError, match="unique"):
         FallbackChain([tiers[1], LocalProvider()])
+
+
+def test_the_breaker_lets_one_probe_through_after_its_reset_timeout() -> None:
+    now = [0.0]
+    breaker = Breaker(failures=2, reset_timeout=5.0, clock=lambda: now[0])
+    changes: list[tuple[str, str]] = []
+    breaker.listen(lambda old, new: changes.append((old, new)))
+    breaker.failure()
+    assert breaker.allow(), "one failure of two keeps it closed"
+    breaker.failure()
+    assert not breaker.allow()
+    now[0] = 4.9
+    assert not breaker.allow()
+    now[0] = 5.0
+    assert breaker.allow(), "the first caller after reset_timeout probes"
+    assert not breaker.allow(), "only one probe at a time"
+    breaker.release_probe()  # the probe never reached the tier
+    assert breaker.allow()
+    breaker.failure()  # the probe failed: open again, for a full reset_timeout
+    assert not breaker.allow()
+    now[0] = 10.0
+    assert breaker.allow()
+    breaker.success()
+    assert breaker.allow() and breaker.state == "closed"
+    assert changes == [
+        ("closed", "open"), ("open", "half-open"), ("half-open", "open"),  # released
+        ("open", "half-open"), ("half-open", "open"),  # failed
+        ("open", "half-open"), ("half-open", "closed"),
+    ]  # fmt: skip

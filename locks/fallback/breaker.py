@@ -84,9 +84,11 @@ class Breaker:
     def release_probe(self) -> None:
         """The probe ended without a verdict (it was never sent): let the next caller probe."""
         with self._lock:
+            change = None
             if self._state is BreakerState.HALF_OPEN:
-                self._state = BreakerState.OPEN
+                change = self._set(BreakerState.OPEN)
                 self._opened_at = self._clock() - self.reset_timeout
+        self._notify(change)
 
     def _set(self, new: BreakerState) -> tuple[BreakerState, BreakerState] | None:
         old, self._state = self._state, new

@@ -209,6 +209,9 @@ class FallbackChain:
                 self.counts["degraded"] += 1
                 emit(EventKind.DEGRADED, tier, request.key, error=error, detail=f"to {following}")
                 continue
+            except BaseException:  # no verdict on the tier (a bug, an interrupt): free the probe
+                self.breakers[tier].release_probe()
+                raise
             self.breakers[tier].success()
             self._note_up(tier)
             if lease is None:  # contention: never asks a lower tier
