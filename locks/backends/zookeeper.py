@@ -181,9 +181,9 @@ class ZooKeeperProvider(ProviderBase):
             self._clean_leftovers()
         parent = self._parent(key)
         sent_at = time.monotonic()
-        node, fence = self._create_node(parent, key, token)
+        node, fence, children = self._create_node(parent, key, token)
         try:
-            granted = self._wait_turn(parent, node, deadline)
+            granted = self._wait_turn(parent, node, deadline, children)
         except BaseException:
             self._delete_node(parent, node, token)
             raise
@@ -194,26 +194,29 @@ class ZooKeeperProvider(ProviderBase):
             self._holds[(owner, key)] = _Hold(node, token, fence)
         return Grant(token, fence, 1, sent_at)
 
-    def _create_node(self, parent: str, key: str, token: str) -> tuple[str, int]:
+    def _create_node(self, parent: str, key: str, token: str) -> tuple[str, int, list[str]]:
         """Our ephemeral-sequential child, named after the token so that a create whose
-        reply was lost can still be found; returns its path and czxid (the fence)."""
+        reply was lost can still be found. The children are listed in the same round
+        trip: ZooKeeper answers one session's requests in order, so the list sent right
+        behind the create already holds our node. Returns path, czxid (the fence) and the
+        children."""
         for _ in range(3):
             try:
                 with self._translated(ambiguous=True, key=key, token=token):
+                    created = self.client.create_async(
+                        f"{parent}/{token}-", ephemeral=True, sequence=True, include_data=True
+                    )
+                    listed = self.client.get_children_async(parent)
                     try:
-                        path, stat = self._get(
-                            self.client.create_async(
-                                f"{parent}/{token}-", ephemeral=True, sequence=True,
-                                include_data=True,
-                            )
-                        )  # fmt: skip
+                        path, stat = self._get(created)
                     except (KazooTimeoutError, ConnectionLoss):
                         self._leftovers.add((parent, token))
                         raise
+                    children: list[str] = self._get(listed)
             except NoNodeError:
                 self._create_parent(parent)
                 continue
-            return path, int(stat.czxid)
+            return path, int(stat.czxid), children
         raise self._unavailable(NoNodeError(f"{parent} keeps disappearing"), key=key)
 
     def _create_parent(self, parent: str) -> None:
@@ -231,12 +234,13 @@ class ZooKeeperProvider(ProviderBase):
                 self._get(self.client.ensure_path_async(self.root))
                 self._create_parent(parent)
 
-    def _wait_turn(self, parent: str, node: str, deadline: float | None) -> bool:
-        """Wait until `node` is the lowest child of `parent`; False if `deadline` passed."""
+    def _wait_turn(
+        self, parent: str, node: str, deadline: float | None, children: list[str]
+    ) -> bool:
+        """Wait until `node` is the lowest child of `parent` (`children` is the list read
+        with the create); False if `deadline` passed."""
         ours = node.rsplit("/", 1)[1]
         while True:
-            with self._translated():
-                children = self._get(self.client.get_children_async(parent))
             queue = sorted(
                 (child for child in children if child[-_SEQUENCE_DIGITS:].isdigit()),
                 key=lambda child: child[-_SEQUENCE_DIGITS:],
@@ -259,6 +263,8 @@ class ZooKeeperProvider(ProviderBase):
                 )
             if predecessor is not None:
                 changed.wait(_RECHECK if remaining is None else min(remaining, _RECHECK))
+            with self._translated():
+                children = self._get(self.client.get_children_async(parent))
 
     def _delete_node(self, parent: str, node: str, token: str) -> bool:
         """Delete our node; False if it was already gone. If ZooKeeper does not answer,
