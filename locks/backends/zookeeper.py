@@ -254,17 +254,25 @@ class ZooKeeperProvider(ProviderBase):
             if remaining is not None and remaining <= 0:
                 return False
             changed = threading.Event()
+            relisted: list[Any] = []
+
+            def on_change(
+                _event: Any, changed: threading.Event = changed, relisted: list[Any] = relisted
+            ) -> None:
+                # on kazoo's event thread: ask for the new queue before waking the waiter,
+                # so the request is on the wire while the waiter is being scheduled
+                relisted.append(self.client.get_children_async(parent))
+                changed.set()
+
             with self._translated():
                 predecessor = self._get(
-                    self.client.exists_async(
-                        f"{parent}/{queue[position - 1]}",
-                        watch=lambda _event, changed=changed: changed.set(),
-                    )
+                    self.client.exists_async(f"{parent}/{queue[position - 1]}", watch=on_change)
                 )
             if predecessor is not None:
                 changed.wait(_RECHECK if remaining is None else min(remaining, _RECHECK))
             with self._translated():
-                children = self._get(self.client.get_children_async(parent))
+                listing = relisted[0] if relisted else self.client.get_children_async(parent)
+                children = self._get(listing)
 
     def _delete_node(self, parent: str, node: str, token: str) -> bool:
         """Delete our node; False if it was already gone. If ZooKeeper does not answer,
