@@ -31,6 +31,9 @@ pytest: $(VENV)/.installed servers
 
 bench: $(VENV)/.installed servers
 	$(BIN)/python -m benchmarks.redis
+	$(BIN)/python -m benchmarks.zookeeper
+	$(BIN)/python -m benchmarks.database
+	$(BIN)/python -m benchmarks.chain
 
 clean:
 	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache
