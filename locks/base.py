@@ -35,7 +35,7 @@ class ProviderBase(ABC):
     type_name: ClassVar[str]  # the backend type, as config names it
     capabilities: ClassVar[Capabilities]
     # the driver's errors that mean "cannot be reached now" (the only ones that degrade)
-    unavailable_errors: ClassVar[tuple[type[BaseException], ...]] = ()
+    unavailable_errors: tuple[type[BaseException], ...] = ()
     address = ""  # where the server is, for error messages (host:port)
 
     def __init__(self, name: str, watchdog_ttl: float = 30.0) -> None:

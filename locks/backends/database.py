@@ -133,7 +133,6 @@ class DatabaseProvider(ProviderBase):
     """Type `database`: MySQL/MariaDB (pymysql), PostgreSQL or SQLite through SQLAlchemy."""
 
     type_name = "database"
-    unavailable_errors = _UNAVAILABLE
 
     capabilities = Capabilities(
         reentrant=True,
@@ -183,6 +182,11 @@ class DatabaseProvider(ProviderBase):
                 f"unsupported database {dialect!r}: use MySQL/MariaDB, PostgreSQL or SQLite"
             )
         self._dialect = dialect
+        # the hot statements run on raw DBAPI connections, so the driver's own errors
+        # count too, besides SQLAlchemy's (pool timeouts, wrapped connect errors)
+        self._dbapi_error: type[Any] = engine.dialect.loaded_dbapi.Error
+        dbapi = engine.dialect.loaded_dbapi
+        self.unavailable_errors = (*_UNAVAILABLE, dbapi.OperationalError, dbapi.InterfaceError)
         self.address = _address(engine)
         quoted = engine.dialect.identifier_preparer.quote(self.table_name)
         parts = {"t": quoted, "now": _CLOCK_US[dialect], "greatest": _GREATEST[dialect]}
@@ -256,13 +260,8 @@ class DatabaseProvider(ProviderBase):
         """Run one statement on a pooled DBAPI connection, without SQLAlchemy's execution
         layer (it cost more than the round trip); returns rowcount, lastrowid, first row.
         Driver errors are translated here; a dead connection leaves the pool."""
-        dbapi = self.engine.dialect.loaded_dbapi
-        unavailable = (dbapi.OperationalError, dbapi.InterfaceError)
-        with self._translated():  # the pool's own errors (a checkout that timed out)
-            try:
-                connection = self.engine.raw_connection()
-            except unavailable as error:  # refused before anything was sent
-                raise self._unavailable(error) from error
+        with self._translated():  # refused or timed out before anything was sent
+            connection = self.engine.raw_connection()
         with self._translated(ambiguous=ambiguous, key=key, token=token):
             try:
                 cursor = connection.cursor()
@@ -272,13 +271,9 @@ class DatabaseProvider(ProviderBase):
                     return cursor.rowcount, cursor.lastrowid or 0, row
                 finally:
                     cursor.close()
-            except dbapi.Error as error:
+            except self._dbapi_error as error:
                 if self.engine.dialect.is_disconnect(error, connection.dbapi_connection, None):
                     connection.invalidate(error)
-                if isinstance(error, unavailable):
-                    raise self._unavailable(
-                        error, ambiguous=ambiguous, key=key, token=token
-                    ) from error
                 raise
             finally:
                 connection.close()

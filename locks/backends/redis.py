@@ -150,20 +150,16 @@ class _RedisProviderBase(ProviderBase):
         return pttl
 
     def _script(self, script: _Script, keys: list[str], args: list[Any]) -> Any:
-        try:
+        with self._translated():
             return script(keys, args)
-        except self.unavailable_errors as exc:
-            raise self._unavailable(exc) from exc
 
     def _secret(self) -> str | None:
         password = self.client.connection_pool.connection_kwargs.get("password")
         return str(password) if password else None
 
     def ping(self) -> None:
-        try:
+        with self._translated():
             self.client.ping()
-        except self.unavailable_errors as exc:
-            raise self._unavailable(exc) from exc
 
     def close(self) -> None:
         super().close()
@@ -204,10 +200,8 @@ class RedisProvider(_RedisProviderBase):
         return bool(self._script(self._extend_script, [self._keys(lease.key).lock], args) == 1)
 
     def _is_held(self, lease: Lease) -> bool:
-        try:
+        with self._translated():
             value = self.client.get(self._keys(lease.key).lock)
-        except self.unavailable_errors as exc:
-            raise self._unavailable(exc) from exc
         return _text(value) == _plain_value(lease)
 
 
@@ -242,10 +236,8 @@ class RedisHashProvider(_RedisProviderBase):
         return bool(self._script(self._extend_script, [self._keys(lease.key).lock], args) == 1)
 
     def _is_held(self, lease: Lease) -> bool:
-        try:
+        with self._translated():
             token, depth = self.client.hmget(self._keys(lease.key).lock, ["~token", lease.owner])
-        except self.unavailable_errors as exc:
-            raise self._unavailable(exc) from exc
         return _text(token) == lease.token and depth is not None
 
 
