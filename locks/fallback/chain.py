@@ -183,8 +183,12 @@ class FallbackChain:
                 until = closed.opens_at if deadline is None else min(closed.opens_at, deadline)
                 time.sleep(max(0.0, min(until - now, 0.5)))
 
+    def _allowed(self) -> list[str]:
+        """The tiers the switch lets through right now, in order."""
+        return self.order if self.switch is None else self.switch.tiers(self.order)
+
     def _walk(self, request: _Request) -> Lease | None:
-        tiers = self.order if self.switch is None else self.switch.tiers(self.order)
+        tiers = self._allowed()
         causes: dict[str, BaseException] = {}
         if not tiers:
             state = None if self.switch is None else self.switch.state
@@ -405,7 +409,7 @@ class FallbackChain:
 
     def ping(self) -> None:
         """Succeed if any tier the switch allows answers."""
-        tiers = self.order if self.switch is None else self.switch.tiers(self.order)
+        tiers = self._allowed()
         causes: dict[str, BaseException] = {}
         for tier in tiers:
             try:
