@@ -149,16 +149,12 @@ class ZooKeeperProvider(ProviderBase):
             holds = list(self._holds.values())
             if state == KazooState.LOST:
                 self._holds.clear()
-        if state == KazooState.SUSPENDED:
+        if state in (KazooState.SUSPENDED, KazooState.CONNECTED):
             for hold in holds:
                 for lease in hold.leases:
-                    lease.state.suspended = True
-        elif state == KazooState.CONNECTED:
-            for hold in holds:
-                for lease in hold.leases:
-                    lease.state.suspended = False
-            if self._leftovers:
-                threading.Thread(target=self._clean_leftovers, daemon=True).start()
+                    lease.state.suspended = state == KazooState.SUSPENDED
+        if state == KazooState.CONNECTED and self._leftovers:
+            threading.Thread(target=self._clean_leftovers, daemon=True).start()
         elif state == KazooState.LOST and holds:
             leases = [lease for hold in holds for lease in hold.leases]
             threading.Thread(target=_lose, args=(leases,), daemon=True).start()
@@ -185,7 +181,9 @@ class ZooKeeperProvider(ProviderBase):
         try:
             granted = self._wait_turn(parent, node, deadline, children)
         except BaseException:
-            self._delete_node(parent, node, token)
+            # keep the original error; a failed delete is remembered as a leftover
+            with contextlib.suppress(BackendUnavailable):
+                self._delete_node(parent, node, token)
             raise
         if not granted:
             self._delete_node(parent, node, token)
