@@ -175,20 +175,23 @@ class Registry:
             for name in [names] if isinstance(names, str) else names or []:
                 if name not in self._backends:
                     raise ConfigError(f"switch.{key}: unknown backend {name!r}")
+        # the config's own force/disable is the lowest layer, like the environment (which
+        # replaces it when set): the watched file and code can still override it
+        base: Mapping[str, str] = environ
+        if not any(environ.get(name) for name in ("LOCKS_FORCE", "LOCKS_DISABLE")):
+            base = {
+                "LOCKS_FORCE": spec.get("force") or "",
+                "LOCKS_DISABLE": ",".join(spec.get("disable") or []),
+            }
         try:
-            switch = Switch(
+            return Switch(
                 file=spec.get("file"),
                 poll_interval=spec.get("poll_interval", 1.0),
-                environ=environ,
+                environ=base,
                 known=self._backends,
             )
         except (TypeError, ValueError) as exc:
             raise ConfigError(f"switch: {exc}") from exc
-        if spec.get("force"):
-            switch.force(spec["force"])
-        if spec.get("disable"):
-            switch.disable(*spec["disable"])
-        return switch
 
     def _make_chain(self, name: str, spec: Any, where: str) -> FallbackChain:
         if not isinstance(spec, Mapping):

@@ -133,3 +133,23 @@ def test_third_party_backends_register_through_entry_points(
     with provider.lock("k") as lease:
         assert lease.backend == "mine"
     sys.modules.pop("acme_locks", None)
+
+
+def test_the_configs_own_switch_state_yields_to_the_file_and_the_environment(
+    tmp_path: Path,
+) -> None:
+    path = tmp_path / "switch.toml"
+    data = {
+        "backends": {"a": {"type": "local"}, "b": {"type": "local"}},
+        "switch": {"force": "a", "file": str(path)},
+    }
+    registry = from_config(data, environ={})
+    assert registry.switch.state.forced == "a"
+    registry.close()
+    overridden = from_config(data, environ={"LOCKS_DISABLE": "b"})
+    assert overridden.switch.state.forced is None and overridden.switch.state.disabled == {"b"}
+    overridden.close()
+    path.write_text('force = "b"\n')  # the watched file wins over the config
+    pushed = from_config(data, environ={})
+    assert pushed.switch.state.forced == "b"
+    pushed.close()
