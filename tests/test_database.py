@@ -1,5 +1,5 @@
 """What only the database backend promises: one statement per acquire and release,
-rows that do not pile up, fences across purges, verbatim names, clear errors when the
+rows that do not pile up, fences across re-created rows, verbatim names, clear errors when the
 server dies or turns read-only, and the minimal grant."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 import sqlalchemy as sa
 
-from locks import BackendUnavailable
+from locks import BackendUnavailable, LockNotOwned
 from locks.backends import DatabaseProvider
 from tests.servers import MariaDBServer, SQLiteFile
 
@@ -36,7 +36,7 @@ def test_acquire_and_release_are_one_statement_each_with_no_commit_or_rollback(
     db: DatabaseProvider, mariadb_server: MariaDBServer, key: str
 ) -> None:
     db.release(db.acquire(key, ttl=30) or pytest.fail("not acquired"))  # table, pool warm
-    counters = ("Com_insert", "Com_update", "Com_commit", "Com_rollback", "Questions")
+    counters = ("Com_insert", "Com_delete", "Com_update", "Com_commit", "Com_rollback", "Questions")
     before = status(mariadb_server, *counters)
     for _ in range(100):
         lease = db.acquire(key, ttl=30)
@@ -47,8 +47,8 @@ def test_acquire_and_release_are_one_statement_each_with_no_commit_or_rollback(
     # every statement the server saw: 200 of ours, and the two the `mariadb` client sends
     # for the second SHOW STATUS (its version query and the SHOW itself)
     assert delta == {
-        "Com_insert": 100, "Com_update": 100, "Com_commit": 0, "Com_rollback": 0,
-        "Questions": 202,
+        "Com_insert": 100, "Com_delete": 100, "Com_update": 0, "Com_commit": 0,
+        "Com_rollback": 0, "Questions": 202,
     }  # fmt: skip
 
 
@@ -66,26 +66,51 @@ def test_hostile_and_unicode_names_are_stored_and_released_verbatim(
     assert mariadb_server.sql("SHOW TABLES FROM locks") == "locks"
 
 
-def test_free_rows_are_purged_and_fences_keep_rising(
+def test_rows_of_released_and_dead_holders_go_and_fences_keep_rising(
     mariadb_server: MariaDBServer, key: str
 ) -> None:
     db = DatabaseProvider(mariadb_server.url, purge_after=0.2)
-    names = [f"{key}:{i}" for i in range(20)]
-    first = {}
-    for name in names:
-        lease = db.acquire(name, ttl=30)
+
+    def rows() -> str:
+        return mariadb_server.sql(f"SELECT COUNT(*) FROM locks.locks WHERE name LIKE '{key}%'")
+
+    released = [f"{key}:released:{i}" for i in range(10)]
+    abandoned = [f"{key}:abandoned:{i}" for i in range(10)]
+    fences = {}
+    for name in released + abandoned:
+        lease = db.acquire(name, ttl=0.1)
         assert lease is not None
-        first[name] = lease.fence
-        db.release(lease)
-    time.sleep(0.3)
-    assert db.purge() >= 20
-    count = mariadb_server.sql(f"SELECT COUNT(*) FROM locks.locks WHERE name LIKE '{key}%'")
-    assert count == "0"
-    for name in names:  # re-created rows start from the clock, above the purged fences
+        fences[name] = lease.fence
+        if name in released:
+            db.release(lease)
+    assert rows() == "10"  # a release deletes its row at once
+    time.sleep(0.4)  # the abandoned ones expire, then outlive the grace
+    assert db.purge() == 10
+    assert rows() == "0"
+    for name in released + abandoned:  # re-created rows start from the clock: higher
         lease = db.acquire(name, ttl=30)
-        assert lease is not None and lease.fence > first[name]
+        assert lease is not None and lease.fence > fences[name]
         db.release(lease)
     db.close()
+
+
+def test_an_expired_row_is_taken_over_with_a_higher_fence_and_a_level_counts_down(
+    db: DatabaseProvider, key: str
+) -> None:
+    outer = db.acquire(key, ttl=0.2)
+    assert outer is not None
+    inner = db.acquire(key, ttl=0.2)
+    assert inner is not None and (inner.depth, inner.fence) == (2, outer.fence)
+    db.release(outer)  # one level off, whichever lease names it: the row stays held
+    with ThreadPoolExecutor(max_workers=1) as other_owner:
+        assert other_owner.submit(db.acquire, key, ttl=30, wait=0).result() is None
+        time.sleep(0.3)
+        successor = other_owner.submit(db.acquire, key, ttl=30, wait=0).result()
+    assert successor is not None and successor.fence > outer.fence
+    with pytest.raises(LockNotOwned):  # the stale lease touches nothing
+        db.release(inner)
+    assert db.is_held(successor)
+    db.release(successor)
 
 
 def test_a_killed_mariadb_is_reported_then_the_provider_recovers(

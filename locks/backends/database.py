@@ -1,15 +1,19 @@
 """Database backend (SQLAlchemy 2 Core): one row per held lock in one table.
 
-Acquire is one statement. On MySQL/MariaDB it is `INSERT ... ON DUPLICATE KEY UPDATE`
-whose outcome comes back in the OK packet through `LAST_INSERT_ID(expr)`, so nothing is
-read back and no transaction is opened; on PostgreSQL and SQLite it is `INSERT ... ON
-CONFLICT DO UPDATE ... WHERE ... RETURNING`. A row is taken over only when it has
-expired by the database server's clock; the same owner re-entering adds depth.
+Acquire is one statement while the lock is free: a plain `INSERT` of the row, the same
+work as the cheapest INSERT+DELETE lock. Only when a row is already there does the
+upsert decide, by the database server's clock: on MySQL/MariaDB `INSERT ... ON
+DUPLICATE KEY UPDATE`, on PostgreSQL and SQLite `INSERT ... ON CONFLICT DO UPDATE ...
+WHERE`; it takes the row over only when it has expired, and adds a level when the same
+owner re-enters. The outcome comes back with the statement (MySQL: `LAST_INSERT_ID(expr)`
+in the OK packet; elsewhere `RETURNING`), so nothing is read back and no transaction is
+opened. (The upsert alone would do; on MariaDB parsing its long update clause costs as
+much as a fifth of the whole cycle, so the common case skips it.)
 
-Release marks the row free (expired at the release time) and keeps its fence; free and
-long-expired rows are purged after `purge_after`. Fences: a new row starts from the
-server clock in microseconds and a take-over gives max(fence + 1, clock), so fences
-strictly increase, also across a purge (the clock has moved on by `purge_after`).
+Release deletes the row at its last level; rows of holders that died are taken over when
+expired, or purged after `purge_after`. Fences: a new row starts from the server clock in
+microseconds and a take-over gives max(fence + 1, clock), so fences strictly increase as
+long as the database server's clock does not step back.
 
 Minimal privileges for the lock user: SELECT, INSERT, UPDATE, DELETE on the lock table
 (plus CREATE on the database if the provider is to create the table itself).
@@ -39,7 +43,8 @@ logger = logging.getLogger("locks")
 # errors meaning "the database cannot serve us now"
 _UNAVAILABLE = (exc.OperationalError, exc.InterfaceError, exc.DisconnectionError, exc.TimeoutError)
 _DEPTH_BITS = 1024  # MySQL packs fence * 1024 + depth into LAST_INSERT_ID
-_PURGE_EVERY = 1000  # releases between purges of long-free rows
+_PURGE_EVERY = 1000  # releases between purges of rows left by dead holders
+_DEADLOCK_RETRIES = 10  # a statement chosen as a deadlock victim is run again this often
 _IDLE_PING = 5.0  # a pooled connection idle for longer is pinged before use
 
 _CLOCK_US = {
@@ -49,13 +54,26 @@ _CLOCK_US = {
 }
 _GREATEST = {"mysql": "GREATEST", "postgresql": "GREATEST", "sqlite": "MAX"}
 
-# MySQL applies ON DUPLICATE KEY UPDATE assignments left to right, each seeing the ones
-# before it: the row's old expiry and owner decide, so `owner` and `expires_at` go last.
-_MYSQL_ACQUIRE = """
+# the common case: the lock is free and no row is there. MySQL reports a duplicate key
+# as an error; elsewhere no row comes back.
+_MYSQL_INSERT = """
 INSERT INTO {t} (name, owner, token, depth, fence, expires_at, acquired_at)
 VALUES (:name, :owner, :token, 1, LAST_INSERT_ID({now} * 1024 + 1) DIV 1024,
         {now} + :ttl_us, {now})
-ON DUPLICATE KEY UPDATE
+"""
+
+_INSERT = """
+INSERT INTO {t} (name, owner, token, depth, fence, expires_at, acquired_at)
+VALUES (:name, :owner, :token, 1, {now}, {now} + :ttl_us, {now})
+ON CONFLICT (name) DO NOTHING
+RETURNING fence, depth
+"""
+
+# MySQL applies ON DUPLICATE KEY UPDATE assignments left to right, each seeing the ones
+# before it: the row's old expiry and owner decide, so `owner` and `expires_at` go last.
+_MYSQL_UPSERT = (
+    _MYSQL_INSERT
+    + """ON DUPLICATE KEY UPDATE
   depth = IF(expires_at <= {now}, 1, IF(owner = VALUES(owner), depth + 1, depth)),
   fence = IF(expires_at <= {now}, GREATEST(fence + 1, {now}), fence),
   token = IF(expires_at <= {now}, VALUES(token), token),
@@ -65,9 +83,10 @@ ON DUPLICATE KEY UPDATE
     LAST_INSERT_ID(IF(owner = VALUES(owner), fence * 1024 + LEAST(depth, 1023), 0)) > 0,
     VALUES(expires_at), expires_at)
 """
+)
 
 # ON CONFLICT assignments all see the old row, so the order does not matter here.
-_UPSERT_ACQUIRE = """
+_UPSERT = """
 INSERT INTO {t} AS l (name, owner, token, depth, fence, expires_at, acquired_at)
 VALUES (:name, :owner, :token, 1, {now}, {now} + :ttl_us, {now})
 ON CONFLICT (name) DO UPDATE SET
@@ -81,20 +100,21 @@ WHERE l.expires_at <= {now} OR l.owner = excluded.owner
 RETURNING fence, depth
 """
 
-# one level off; the last level frees the row (expired now, owner cleared). `depth` is
-# assigned last for MySQL's left-to-right rule; elsewhere all see the old row anyway.
-_RELEASE = """
-UPDATE {t} SET
-  expires_at = CASE WHEN depth <= 1 THEN {now} ELSE expires_at END,
-  owner = CASE WHEN depth <= 1 THEN '' ELSE owner END,
-  depth = depth - 1
-WHERE name = :name AND owner = :owner AND fence = :fence AND depth >= 1
+# The fence names the ownership period (a reentrant grant learns the row's fence, not
+# its token), so it guards release and renewal together with the owner. The last level
+# deletes the row; an inner level only counts down.
+_RELEASE_LAST = """
+DELETE FROM {t} WHERE name = :name AND owner = :owner AND fence = :fence AND depth = 1
+"""
+
+_RELEASE_LEVEL = """
+UPDATE {t} SET depth = depth - 1
+WHERE name = :name AND owner = :owner AND fence = :fence AND depth > 1
 """
 
 # a grant whose reply was lost: its token is known, its fence is not
 _RELEASE_TOKEN = """
-UPDATE {t} SET expires_at = {now}, owner = '', depth = 0
-WHERE name = :name AND owner = :owner AND token = :token AND depth = 1
+DELETE FROM {t} WHERE name = :name AND owner = :owner AND token = :token AND depth = 1
 """
 
 _EXTEND = """
@@ -107,6 +127,7 @@ SELECT 1 FROM {t} WHERE name = :name AND owner = :owner AND fence = :fence
 AND expires_at > {now}
 """
 
+# rows of holders that died: expired for longer than the grace
 _PURGE = "DELETE FROM {t} WHERE expires_at < {now} - :grace_us"
 
 
@@ -190,13 +211,16 @@ class DatabaseProvider(ProviderBase):
         self.address = _address(engine)
         quoted = engine.dialect.identifier_preparer.quote(self.table_name)
         parts = {"t": quoted, "now": _CLOCK_US[dialect], "greatest": _GREATEST[dialect]}
-        acquire = _MYSQL_ACQUIRE if dialect == "mysql" else _UPSERT_ACQUIRE
+        mysql = dialect == "mysql"
 
         def compiled(sql: str) -> _Statement:
             return _Statement.compile(sql.format(**parts), engine.dialect)
 
-        self._acquire_sql = compiled(acquire)
-        self._release_sql = compiled(_RELEASE)
+        self._insert_sql = compiled(_MYSQL_INSERT if mysql else _INSERT)
+        self._upsert_sql = compiled(_MYSQL_UPSERT if mysql else _UPSERT)
+        self._duplicate_key: type[Any] = dbapi.IntegrityError
+        self._release_last_sql = compiled(_RELEASE_LAST)
+        self._release_level_sql = compiled(_RELEASE_LEVEL)
         self._extend_sql = compiled(_EXTEND)
         self._release_token_sql = compiled(_RELEASE_TOKEN)
         self._is_held_sql = compiled(_IS_HELD)
@@ -257,12 +281,12 @@ class DatabaseProvider(ProviderBase):
         key: str | None = None,
         token: str | None = None,
     ) -> tuple[int, int, Any]:
-        """Run one statement on a pooled DBAPI connection, without SQLAlchemy's execution
-        layer (it cost more than the round trip); returns rowcount, lastrowid, first row.
+        """Run one statement on a DBAPI connection, without SQLAlchemy's execution layer
+        (it cost more than the round trip); returns rowcount, lastrowid, first row.
         Driver errors are translated here; a dead connection leaves the pool."""
-        with self._translated():  # refused or timed out before anything was sent
-            connection = self.engine.raw_connection()
-        with self._translated(ambiguous=ambiguous, key=key, token=token):
+        for attempt in range(_DEADLOCK_RETRIES):
+            with self._translated():  # refused or timed out before anything was sent
+                connection = self.engine.raw_connection()
             try:
                 cursor = connection.cursor()
                 try:
@@ -274,9 +298,16 @@ class DatabaseProvider(ProviderBase):
             except self._dbapi_error as error:
                 if self.engine.dialect.is_disconnect(error, connection.dbapi_connection, None):
                     connection.invalidate(error)
+                if _deadlock_victim(error) and attempt + 1 < _DEADLOCK_RETRIES:
+                    continue  # rolled back whole, so nothing happened: run it again
+                if isinstance(error, self.unavailable_errors):
+                    raise self._unavailable(
+                        error, ambiguous=ambiguous, key=key, token=token
+                    ) from error
                 raise
             finally:
-                connection.close()
+                connection.close()  # back to the pool, which drops it if invalidated
+        raise AssertionError("unreachable: the last attempt returns or raises")
 
     # -- the algorithm --------------------------------------------------------------------
 
@@ -304,14 +335,27 @@ class DatabaseProvider(ProviderBase):
 
     def _take(self, params: dict[str, Any], key: str, token: str) -> tuple[int, int] | None:
         """One try: (fence, depth) if this owner holds the lock now, else None."""
-        _, packed, row = self._run(self._acquire_sql, params, ambiguous=True, key=key, token=token)
+        try:
+            taken = self._grant(self._insert_sql, params, key, token)
+        except self._duplicate_key:  # MySQL: a row is there
+            taken = None
+        return taken or self._grant(self._upsert_sql, params, key, token)
+
+    def _grant(
+        self, statement: _Statement, params: dict[str, Any], key: str, token: str
+    ) -> tuple[int, int] | None:
+        _, packed, row = self._run(statement, params, ambiguous=True, key=key, token=token)
         if self._dialect == "mysql":
             return divmod(int(packed), _DEPTH_BITS) if packed else None
         return (int(row[0]), int(row[1])) if row is not None else None
 
     def _release(self, lease: Lease) -> bool:
         params = {"name": lease.key, "owner": lease.owner, "fence": lease.fence}
-        released = self._run(self._release_sql, params)[0] == 1
+        # try the level this lease most likely is first; the WHERE clauses decide
+        statements = [self._release_last_sql, self._release_level_sql]
+        if lease.depth > 1:
+            statements.reverse()
+        released = any(self._run(statement, params)[0] == 1 for statement in statements)
         self._releases += 1
         if self._releases % _PURGE_EVERY == 0:
             self.purge()
@@ -322,7 +366,8 @@ class DatabaseProvider(ProviderBase):
         return self._run(self._release_token_sql, params)[0] == 1
 
     def purge(self) -> int:
-        """Delete rows free or expired for longer than `purge_after`; returns how many."""
+        """Delete rows expired for longer than `purge_after` (their holders died without
+        releasing, and nobody has taken them over since); returns how many."""
         return self._run(self._purge_sql, {"grace_us": round(self.purge_after * 1e6)})[0]
 
     def _extend(self, lease: Lease, ttl: float) -> bool:
@@ -381,6 +426,14 @@ def _make_engine(
     event.listen(engine, "checkout", _ping_if_idle)
     event.listen(engine, "checkin", _note_use)
     return engine
+
+
+def _deadlock_victim(error: BaseException) -> bool:
+    """InnoDB picks a victim when waiters that all saw a just-deleted row race to insert
+    it (MySQL 1213); PostgreSQL reports SQLSTATE 40P01. Either way the statement was
+    rolled back whole."""
+    code = error.args[0] if error.args else None
+    return code == 1213 or getattr(error, "pgcode", None) == "40P01"
 
 
 def _note_use(dbapi_connection: Any, record: Any) -> None:
