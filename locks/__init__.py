@@ -13,7 +13,7 @@ from locks.errors import (
 )
 from locks.events import Event, EventKind, add_observer, remove_observer
 from locks.fallback import Breaker, FallbackChain, Switch
-from locks.provider import Capabilities, Lease, Lock, LockProvider
+from locks.provider import Capabilities, Holder, Lease, Lock, LockProvider
 
 __all__ = [
     "AllBackendsUnavailable",
@@ -24,6 +24,7 @@ __all__ = [
     "Event",
     "EventKind",
     "FallbackChain",
+    "Holder",
     "Lease",
     "Lock",
     "LockError",

@@ -15,7 +15,7 @@ from locks.errors import BackendUnavailable, LockNotOwned
 from locks.events import EventKind, emit
 from locks.names import check_acquire, check_name, check_seconds, check_ttl
 from locks.owner import current_owner, in_this_process, new_token
-from locks.provider import Capabilities, Lease, LeaseState, Lock, LostCallback
+from locks.provider import Capabilities, Holder, Lease, LeaseState, Lock, LostCallback
 from locks.watchdog import mark_lost, watchdog
 
 P = ParamSpec("P")
@@ -64,6 +64,10 @@ class ProviderBase(ABC):
 
     @abstractmethod
     def _is_held(self, lease: Lease) -> bool: ...
+
+    def _holder(self, key: str) -> Holder | None:
+        """Who holds `key` now, as the server sees it (None: nobody)."""
+        raise NotImplementedError(f"the {self.type_name} backend cannot say who holds a lock")
 
     def _granted(self, lease: Lease) -> None:  # noqa: B027 - a hook, empty by default
         """Hook: a lease was made from a grant (for backends that track their leases)."""
@@ -164,6 +168,12 @@ class ProviderBase(ABC):
         if not in_this_process(lease.owner) or lease.state.ended:
             return False
         return bool(self._reporting(lease.key, self._is_held, lease))
+
+    def holder(self, key: str) -> Holder | None:
+        """Who holds `key` on this backend right now, or None: for operators and tools.
+        Reading it and acting on it is a race; take the lock instead."""
+        key = check_name(key)
+        return self._reporting(key, self._holder, key)
 
     def lock(
         self,

@@ -122,6 +122,20 @@ class Lease:
             raise LockLost(f"{where} expired")
 
 
+@dataclass(frozen=True, slots=True)
+class Holder:
+    """Who holds a lock on one backend, as that backend sees it at this moment: for
+    operators (`locks inspect`), never for deciding anything, as it may change at once."""
+
+    key: str
+    backend: str
+    owner: str
+    depth: int | None  # None where levels are counted in the holder's process only
+    fence: int | None
+    expires_in: float | None  # seconds; None where the lease is a session or a thread
+    waiters: int | None = None  # known where waiters queue on the server (ZooKeeper)
+
+
 @runtime_checkable
 class LockProvider(Protocol):
     """A lock backend, or a chain of them. See DESIGN.md for the semantics."""

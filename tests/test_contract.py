@@ -366,6 +366,32 @@ def test_fences_strictly_increase(backend: Backend, key: str) -> None:
     assert all(a < b for a, b in itertools.pairwise(fences))
 
 
+# -- who holds it ----------------------------------------------------------------------
+
+
+def test_holder_names_the_owner_and_its_fence_and_nobody_once_released(
+    backend: Backend, key: str
+) -> None:
+    provider = backend.make()
+    holder = provider.holder  # type: ignore[attr-defined]  # beside the protocol, for tools
+    assert holder(key) is None
+    outer = provider.acquire(key, ttl=30)
+    assert outer is not None
+    inner = provider.acquire(key, ttl=30) if backend.capabilities.reentrant else None
+    seen = in_thread(lambda: holder(key))
+    assert seen is not None
+    assert (seen.key, seen.owner, seen.fence) == (key, outer.owner, outer.fence)
+    assert seen.depth in (2 if inner else 1, None)  # None: counted in the holder's process
+    if backend.capabilities.expires:
+        assert seen.expires_in is not None and 0 < seen.expires_in <= 30
+    if inner is not None:
+        provider.release(inner)
+    provider.release(outer)
+    assert holder(key) is None
+    with pytest.raises(ValueError, match="key"):
+        holder("")
+
+
 # -- bad input -------------------------------------------------------------------------
 
 BAD_CALLS: list[tuple[str, dict[str, Any], type[Exception], str]] = [

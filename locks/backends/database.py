@@ -36,7 +36,7 @@ from sqlalchemy.schema import CreateTable
 
 from locks.base import Grant, ProviderBase
 from locks.names import check_name, check_seconds
-from locks.provider import Capabilities, Lease
+from locks.provider import Capabilities, Holder, Lease
 
 logger = logging.getLogger("locks")
 
@@ -128,6 +128,11 @@ AND expires_at > {now}
 """
 
 # rows of holders that died: expired for longer than the grace
+_HOLDER = """
+SELECT owner, depth, fence, expires_at - {now} FROM {t}
+WHERE name = :name AND expires_at > {now}
+"""
+
 _PURGE = "DELETE FROM {t} WHERE expires_at < {now} - :grace_us"
 
 
@@ -224,6 +229,7 @@ class DatabaseProvider(ProviderBase):
         self._extend_sql = compiled(_EXTEND)
         self._release_token_sql = compiled(_RELEASE_TOKEN)
         self._is_held_sql = compiled(_IS_HELD)
+        self._holder_sql = compiled(_HOLDER)
         self._purge_sql = compiled(_PURGE)
         self._ping_sql = compiled("SELECT 1")
         self._create_table = create_table
@@ -382,6 +388,13 @@ class DatabaseProvider(ProviderBase):
     def _is_held(self, lease: Lease) -> bool:
         params = {"name": lease.key, "owner": lease.owner, "fence": lease.fence}
         return self._run(self._is_held_sql, params)[2] is not None
+
+    def _holder(self, key: str) -> Holder | None:
+        row = self._run(self._holder_sql, {"name": key})[2]
+        if row is None:
+            return None
+        owner, depth, fence, left_us = row
+        return Holder(key, self.name, owner, int(depth), int(fence), int(left_us) / 1e6)
 
     def ping(self) -> None:
         self._run(self._ping_sql, {})

@@ -14,7 +14,7 @@ import threading
 import time
 
 from locks.base import Grant, ProviderBase
-from locks.provider import Capabilities, Lease
+from locks.provider import Capabilities, Holder, Lease
 
 
 class _Entry:
@@ -104,6 +104,15 @@ class LocalProvider(ProviderBase):
     def _is_held(self, lease: Lease) -> bool:
         entry = self._entries.get(lease.key)
         return entry is not None and entry.owner is not None and entry.token == lease.token
+
+    def _holder(self, key: str) -> Holder | None:
+        entry = self._entries.get(key)
+        if entry is None:
+            return None
+        with entry.free:
+            if entry.owner is None:
+                return None
+            return Holder(key, self.name, entry.owner, entry.depth, entry.fence, None)
 
     def ping(self) -> None:
         """Always answers: the local backend cannot be unavailable."""

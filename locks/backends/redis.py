@@ -23,7 +23,7 @@ from locks.backends import redis_scripts as scripts
 from locks.backends.redis_notify import NO_RESULT, ReleaseNotifier
 from locks.base import Grant, ProviderBase
 from locks.names import check_name, check_seconds, redis_hash_tag
-from locks.provider import Capabilities, Lease
+from locks.provider import Capabilities, Holder, Lease
 
 # errors meaning "this Redis cannot serve us now"; anything else is a bug worth raising
 _UNAVAILABLE = (RedisConnectionError, RedisTimeoutError, ReadOnlyError, OSError)
@@ -204,6 +204,19 @@ class RedisProvider(_RedisProviderBase):
             value = self.client.get(self._keys(lease.key).lock)
         return _text(value) == _plain_value(lease)
 
+    def _holder(self, key: str) -> Holder | None:
+        keys = self._keys(key)
+        with self._translated():
+            pipe = self.client.pipeline(transaction=True)  # one snapshot of both keys
+            pipe.get(keys.lock)
+            pipe.pttl(keys.lock)
+            pipe.get(keys.fence)
+            value, pttl, fence = pipe.execute()
+        if value is None:
+            return None
+        owner = str(_text(value)).rsplit("/", 1)[0]  # the value is owner/token
+        return Holder(key, self.name, owner, 1, _int(fence), _seconds(pttl))
+
 
 class RedisHashProvider(_RedisProviderBase):
     """Type `redis-hash`: Redisson's algorithm, reentrant per owner."""
@@ -240,6 +253,21 @@ class RedisHashProvider(_RedisProviderBase):
             token, depth = self.client.hmget(self._keys(lease.key).lock, ["~token", lease.owner])
         return _text(token) == lease.token and depth is not None
 
+    def _holder(self, key: str) -> Holder | None:
+        keys = self._keys(key)
+        with self._translated():
+            pipe = self.client.pipeline(transaction=True)
+            pipe.hgetall(keys.lock)
+            pipe.pttl(keys.lock)
+            fields, pttl = pipe.execute()
+        decoded = {str(_text(name)): str(_text(value)) for name, value in fields.items()}
+        owners = [(name, value) for name, value in decoded.items() if not name.startswith("~")]
+        if not owners:
+            return None
+        owner, depth = owners[0]  # one owner field, beside ~token and ~fence
+        fence = _int(decoded.get("~fence"))
+        return Holder(key, self.name, owner, int(depth), fence, _seconds(pttl))
+
 
 class _Script:
     """A Lua script called by SHA, loaded when the server does not know it yet (first
@@ -262,6 +290,15 @@ class _Script:
             return self._client.execute_command(  # type: ignore[no-untyped-call]
                 "EVALSHA", self._sha, len(keys), *keys, *args
             )
+
+
+def _int(value: Any) -> int | None:
+    return None if value is None else int(value)
+
+
+def _seconds(pttl: Any) -> float | None:
+    """PTTL's milliseconds as seconds; None for a key with no expiry (-1) or none (-2)."""
+    return None if pttl is None or int(pttl) < 0 else int(pttl) / 1000
 
 
 @functools.lru_cache(maxsize=4096)

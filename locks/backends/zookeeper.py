@@ -36,7 +36,7 @@ from kazoo.security import OPEN_ACL_UNSAFE
 from locks.base import Grant, ProviderBase
 from locks.errors import BackendUnavailable
 from locks.names import check_seconds, zookeeper_node_name
-from locks.provider import Capabilities, Lease
+from locks.provider import Capabilities, Holder, Lease
 from locks.watchdog import mark_lost
 
 logger = logging.getLogger("locks")
@@ -177,7 +177,7 @@ class ZooKeeperProvider(ProviderBase):
             self._clean_leftovers()
         parent = self._parent(key)
         sent_at = time.monotonic()
-        node, fence, children = self._create_node(parent, key, token)
+        node, fence, children = self._create_node(parent, key, owner, token)
         try:
             granted = self._wait_turn(parent, node, deadline, children)
         except BaseException:
@@ -192,17 +192,24 @@ class ZooKeeperProvider(ProviderBase):
             self._holds[(owner, key)] = _Hold(node, token, fence)
         return Grant(token, fence, 1, sent_at)
 
-    def _create_node(self, parent: str, key: str, token: str) -> tuple[str, int, list[str]]:
+    def _create_node(
+        self, parent: str, key: str, owner: str, token: str
+    ) -> tuple[str, int, list[str]]:
         """Our ephemeral-sequential child, named after the token so that a create whose
-        reply was lost can still be found. The children are listed in the same round
-        trip: ZooKeeper answers one session's requests in order, so the list sent right
-        behind the create already holds our node. Returns path, czxid (the fence) and the
+        reply was lost can still be found, with the owner as its data (for `holder`).
+        The children are listed in the same round trip: ZooKeeper answers one session's
+        requests in order, so the list sent right behind the create already holds our
+        node. Returns path, czxid (the fence) and the
         children."""
         for _ in range(3):
             try:
                 with self._translated(ambiguous=True, key=key, token=token):
                     created = self.client.create_async(
-                        f"{parent}/{token}-", ephemeral=True, sequence=True, include_data=True
+                        f"{parent}/{token}-",
+                        owner.encode(),
+                        ephemeral=True,
+                        sequence=True,
+                        include_data=True,
                     )
                     listed = self.client.get_children_async(parent)
                     try:
@@ -239,10 +246,7 @@ class ZooKeeperProvider(ProviderBase):
         with the create); False if `deadline` passed."""
         ours = node.rsplit("/", 1)[1]
         while True:
-            queue = sorted(
-                (child for child in children if child[-_SEQUENCE_DIGITS:].isdigit()),
-                key=lambda child: child[-_SEQUENCE_DIGITS:],
-            )
+            queue = _queue(children)
             if ours not in queue:
                 raise self._unavailable(SessionExpiredError(f"{node} vanished while waiting"))
             position = queue.index(ours)
@@ -342,6 +346,25 @@ class ZooKeeperProvider(ProviderBase):
         with self._translated():
             return self._get(self.client.exists_async(hold.node)) is not None
 
+    def _holder(self, key: str) -> Holder | None:
+        self._connect()
+        parent = self._parent(key)
+        for _ in range(3):  # the head may be deleted between the list and the read
+            with self._translated():
+                try:
+                    queue = _queue(self._get(self.client.get_children_async(parent)))
+                    if not queue:
+                        return None
+                    data, stat = self._get(self.client.get_async(f"{parent}/{queue[0]}"))
+                except NoNodeError:
+                    continue
+            owner = data.decode(errors="replace")
+            with self._lock:  # levels are counted in the holder's process: known if ours
+                hold = self._holds.get((owner, key))
+                depth = hold.depth if hold is not None and hold.node.endswith(queue[0]) else None
+            return Holder(key, self.name, owner, depth, int(stat.czxid), None, len(queue) - 1)
+        return None
+
     def ping(self) -> None:
         self._connect()
         with self._translated():
@@ -353,6 +376,14 @@ class ZooKeeperProvider(ProviderBase):
         if self._owns_client and self._started is not None:
             self.client.stop()
             self.client.close()
+
+
+def _queue(children: list[str]) -> list[str]:
+    """The lock's children in the order they are served: by sequence number."""
+    return sorted(
+        (child for child in children if child[-_SEQUENCE_DIGITS:].isdigit()),
+        key=lambda child: child[-_SEQUENCE_DIGITS:],
+    )
 
 
 def _lose(leases: list[Lease]) -> None:

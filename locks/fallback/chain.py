@@ -40,7 +40,7 @@ from locks.fallback.breaker import Breaker, BreakerState
 from locks.fallback.switch import Switch
 from locks.names import check_acquire, check_name, check_seconds
 from locks.owner import current_owner
-from locks.provider import Capabilities, Lease, Lock, LockProvider, LostCallback
+from locks.provider import Capabilities, Holder, Lease, Lock, LockProvider, LostCallback
 
 logger = logging.getLogger("locks")
 
@@ -406,6 +406,20 @@ class FallbackChain:
 
     def is_held(self, lease: Lease) -> bool:
         return self._tier_of(lease).is_held(lease)
+
+    def holder(self, key: str) -> Holder | None:
+        """Who holds `key` on the first tier, in chain order, that knows of a holder
+        (tiers that cannot answer or cannot tell are passed over)."""
+        key = check_name(key)
+        for tier in self._allowed():
+            holder = getattr(self.tiers[tier], "holder", None)
+            if holder is None:
+                continue
+            with contextlib.suppress(BackendUnavailable, NotImplementedError):
+                found: Holder | None = holder(key)
+                if found is not None:
+                    return found
+        return None
 
     def ping(self) -> None:
         """Succeed if any tier the switch allows answers."""
