@@ -1,0 +1,55 @@
+"""The `locks` command: one subcommand per module in this package.
+
+Exit codes, for scripts:
+    0  done, and nothing wrong was found
+    1  the command ran and found a problem (an invalid config, an unreachable backend in
+       `status`, an oversell under the lock in `demo`)
+    2  bad usage (unknown option, missing argument, a bad name)
+    3  a backend the command needed was unavailable
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+from collections.abc import Sequence
+
+from locks.errors import BackendUnavailable, ConfigError
+
+OK, PROBLEM, USAGE, UNAVAILABLE = 0, 1, 2, 3
+
+# each module has `register(commands)`, which adds its subparser and sets `run`
+COMMANDS = ("switch", "check")
+
+
+def parser() -> argparse.ArgumentParser:
+    top = argparse.ArgumentParser(
+        prog="locks",
+        description="Named locks over Redis, ZooKeeper, databases and a local fallback.",
+        epilog="Exit codes: 0 ok, 1 a problem was found, 2 bad usage, 3 a backend was unavailable.",
+    )
+    commands = top.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    for name in COMMANDS:
+        importlib.import_module(f"locks.cli.{name}").register(commands)
+    return top
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = parser().parse_args(argv)
+    try:
+        result: int = args.run(args)
+    except ConfigError as exc:
+        print(f"locks {args.command}: {exc}", file=sys.stderr)
+        return PROBLEM
+    except ValueError as exc:  # a bad name or duration, caught before any I/O
+        print(f"locks {args.command}: {exc}", file=sys.stderr)
+        return USAGE
+    except BackendUnavailable as exc:
+        print(f"locks {args.command}: {exc}", file=sys.stderr)
+        return UNAVAILABLE
+    return result
+
+
+if __name__ == "__main__":
+    sys.exit(main())

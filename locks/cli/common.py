@@ -1,0 +1,136 @@
+"""What the subcommands share: finding and loading the configuration, and printing."""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import os
+import sys
+import tempfile
+import tomllib
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from locks.config import BUILT_IN_TYPES, Registry, from_config
+
+CONFIG_ENV = "LOCKS_CONFIG"
+DEFAULT_SCENARIO = "demo"
+
+# The embedded default, for a machine with no servers and no config: Redis where it
+# usually is, then a SQLite file every process on this machine shares, then this process.
+EMBEDDED_DEFAULT = """
+[backends]
+redis = {{ type = "redis-hash", url = "redis://127.0.0.1:6379/0" }}
+db    = {{ type = "database", url = "sqlite:///{sqlite}" }}
+local = {{ type = "local" }}
+
+[scenarios]
+demo = {{ chain = ["redis", "db", "local"] }}
+"""
+
+# the client package each backend type needs (the extras of `pip install fallback-locks`)
+_CLIENTS = {"redis": "redis", "redis-hash": "redis", "zookeeper": "kazoo", "database": "sqlalchemy"}
+
+
+@dataclass
+class Loaded:
+    """A registry and where it came from, with what was left out on the way."""
+
+    registry: Registry
+    source: str  # a path, or "embedded default"
+    path: Path | None  # the TOML file (written out for the embedded default), for workers
+    notes: list[str]
+
+
+def add_config_option(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--config",
+        metavar="FILE",
+        help=f"a TOML configuration (default: ${CONFIG_ENV}, else ./locks.toml, else the "
+        "embedded default: redis -> SQLite file -> local)",
+    )
+
+
+def default_sqlite() -> Path:
+    """One SQLite file per user on this machine, so `demo`, `status` and `inspect` see
+    the same locks."""
+    folder = Path(tempfile.gettempdir()) / f"fallback-locks-{os.getuid()}"
+    folder.mkdir(mode=0o700, exist_ok=True)
+    return folder / "locks.sqlite"
+
+
+def embedded_default() -> tuple[str, list[str]]:
+    """The default configuration's TOML, without the backends whose client package is
+    not installed (with a note saying so)."""
+    data = tomllib.loads(EMBEDDED_DEFAULT.format(sqlite=default_sqlite()))
+    notes = []
+    for name, spec in list(data["backends"].items()):
+        client = _CLIENTS.get(spec["type"])
+        if client and importlib.util.find_spec(client) is None:
+            notes.append(f"{name}: left out, its client {client!r} is not installed")
+            del data["backends"][name]
+    chain = [
+        tier for tier in data["scenarios"][DEFAULT_SCENARIO]["chain"] if tier in data["backends"]
+    ]
+    lines = ["[backends]"]
+    lines += [f"{name} = {_inline(spec)}" for name, spec in data["backends"].items()]
+    lines += ["", "[scenarios]", f"{DEFAULT_SCENARIO} = {{ chain = {_inline(chain)} }}", ""]
+    return "\n".join(lines), notes
+
+
+def _inline(value: Any) -> str:
+    """A TOML inline value (strings, numbers, lists and tables of them)."""
+    if isinstance(value, dict):
+        return "{ " + ", ".join(f"{k} = {_inline(v)}" for k, v in value.items()) + " }"
+    if isinstance(value, list):
+        return "[" + ", ".join(_inline(v) for v in value) + "]"
+    if isinstance(value, str):
+        return '"' + value.replace("\\", "\\\\").replace('"', '\\"') + '"'
+    return str(value)
+
+
+def config_path(explicit: str | None) -> Path | None:
+    """The configuration file to use, or None for the embedded default."""
+    if explicit:
+        return Path(explicit)
+    if os.environ.get(CONFIG_ENV):
+        return Path(os.environ[CONFIG_ENV])
+    local = Path("locks.toml")
+    return local if local.is_file() else None
+
+
+def load(explicit: str | None) -> Loaded:
+    """Load the configuration the options name (see `add_config_option`)."""
+    path = config_path(explicit)
+    if path is not None:
+        return Loaded(from_config(path), str(path), path, [])
+    text, notes = embedded_default()
+    written = default_sqlite().with_name("embedded.toml")
+    written.write_text(text)
+    return Loaded(from_config(written), "embedded default", written, notes)
+
+
+def backend_type(registry: Registry, name: str) -> str:
+    """The configured type of a backend, as config names it."""
+    provider = registry.backend(name)
+    type_name = getattr(provider, "type_name", None)
+    if isinstance(type_name, str):
+        return type_name
+    spec = f"{type(provider).__module__}:{type(provider).__name__}"
+    return next((t for t, s in BUILT_IN_TYPES.items() if s == spec), type(provider).__name__)
+
+
+def table(headers: Sequence[str], rows: Sequence[Sequence[object]]) -> str:
+    """A plain text table, columns padded to their widest cell."""
+    cells = [[str(h) for h in headers], *[[str(c) for c in row] for row in rows]]
+    widths = [max(len(row[i]) for row in cells) for i in range(len(headers))]
+    lines = ["  ".join(cell.ljust(widths[i]) for i, cell in enumerate(row)).rstrip()
+             for row in cells]  # fmt: skip
+    lines.insert(1, "  ".join("-" * w for w in widths))
+    return "\n".join(lines)
+
+
+def note(message: str) -> None:
+    print(message, file=sys.stderr)

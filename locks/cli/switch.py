@@ -1,0 +1,98 @@
+"""`locks switch`: write the kill-switch file that every watching process applies.
+
+    locks switch force db                 # every tier but db is skipped
+    locks switch disable redis zk         # these tiers are skipped
+    locks switch clear                    # back to the configured chains
+    locks switch show
+
+The file is the one the configuration's `[switch] file` names, or `--file`. It is written
+atomically (a temporary sibling, then a rename), so a watcher never reads half of it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import tempfile
+import tomllib
+from pathlib import Path
+from typing import Any
+
+from locks.cli.common import add_config_option, config_path
+from locks.errors import ConfigError
+from locks.names import check_name
+
+SWITCH_FILE_ENV = "LOCKS_SWITCH_FILE"
+
+
+def register(commands: Any) -> None:
+    parser = commands.add_parser(
+        "switch",
+        help="force or disable backends at run time",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument(
+        "--file",
+        help=f"the switch file (default: ${SWITCH_FILE_ENV}, else [switch] file of the config)",
+    )
+    add_config_option(parser)
+    parser.add_argument("action", choices=["force", "disable", "clear", "show"])
+    parser.add_argument("names", nargs="*", help="backend names")
+    parser.set_defaults(run=run)
+
+
+def switch_file(args: argparse.Namespace) -> Path:
+    if args.file:
+        return Path(args.file)
+    if os.environ.get(SWITCH_FILE_ENV):
+        return Path(os.environ[SWITCH_FILE_ENV])
+    config = config_path(args.config)
+    if config is not None:
+        try:
+            configured = tomllib.loads(config.read_text()).get("switch", {}).get("file")
+        except (OSError, tomllib.TOMLDecodeError) as exc:
+            raise ConfigError(f"cannot read config {str(config)!r}: {exc}") from exc
+        if configured:
+            return Path(configured)
+    raise ConfigError(
+        f"no switch file: pass --file, set ${SWITCH_FILE_ENV}, or set [switch] file in the config"
+    )
+
+
+def write_atomically(path: Path, text: str) -> None:
+    """Watchers must never read half a file: write a sibling, then rename over."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    handle, temporary = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
+    try:
+        with os.fdopen(handle, "w") as out:
+            out.write(text)
+        os.replace(temporary, path)
+    except BaseException:
+        Path(temporary).unlink(missing_ok=True)
+        raise
+
+
+def run(args: argparse.Namespace) -> int:
+    path = switch_file(args)
+    if args.action == "show":
+        print(path.read_text() if path.exists() else "(no switch file: nothing forced or disabled)")
+        return 0
+    for name in args.names:
+        check_name(name, "backend name")
+    if args.action == "force":
+        if len(args.names) != 1:
+            raise ValueError("force takes exactly one backend name")
+        text = f'force = "{args.names[0]}"\n'
+    elif args.action == "disable":
+        if not args.names:
+            raise ValueError("disable takes one or more backend names")
+        text = "disable = [" + ", ".join(f'"{name}"' for name in args.names) + "]\n"
+    else:  # clear
+        if args.names:
+            raise ValueError("clear takes no backend names")
+        text = "# nothing forced or disabled\n"
+    tomllib.loads(text)  # what we write must parse
+    write_atomically(path, text)
+    print(f"{path}: {text.strip()}")
+    return 0
