@@ -1,14 +1,26 @@
-"""The `locks` command writes switch files a watching Switch applies, and checks configs."""
+"""The `locks` command, run as users run it: against real servers, and without any."""
 
 from __future__ import annotations
 
+import os
+import re
+import sqlite3
+import subprocess
+import sys
+import tempfile
 import time
+import tomllib
+import uuid
 from pathlib import Path
 
 import pytest
 
-from locks import Switch
+from locks import Switch, from_config
 from locks.cli import main
+from tests.ports import free_port
+from tests.servers import MariaDBServer, RedisServer
+
+DEAD_SQLITE = "sqlite:////nonexistent-dir/locks.db"
 
 EXAMPLE = Path(__file__).resolve().parent.parent / "examples" / "locks.toml"
 
@@ -52,3 +64,163 @@ def test_check_reports_a_config(
     config.write_text('[scenarios]\nx = { chain = ["nope"] }\n')
     assert main(["check", str(config)]) == 1
     assert "scenarios.x.chain[0]" in capsys.readouterr().err
+
+
+# -- demo, status, inspect, db init ------------------------------------------------------
+
+ROW = r"^{phase}\s+(?P<stock>\d+)\s+(?P<sold>\d+)\s+(?P<oversold>\d+)\s+(?P<served>.+?)\s{{2,}}"
+
+
+def demo_rows(output: str) -> dict[str, dict[str, str]]:
+    """The summary table's rows of a demo, by phase."""
+    rows = {}
+    for phase in ("no lock", "scenario demo"):
+        found = re.search(ROW.format(phase=phase), output, re.MULTILINE)
+        assert found is not None, f"no {phase!r} row in:\n{output}"
+        rows[phase] = found.groupdict()
+    return rows
+
+
+def write_config(tmp_path: Path, backends: str, chain: str) -> Path:
+    config = tmp_path / "locks.toml"
+    config.write_text(f"[backends]\n{backends}\n[scenarios]\ndemo = {{ chain = {chain} }}\n")
+    return config
+
+
+def test_demo_on_the_embedded_default_oversells_without_the_lock_and_never_with_it(
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    monkeypatch.chdir(tmp_path)  # no ./locks.toml
+    monkeypatch.delenv("LOCKS_CONFIG", raising=False)
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))  # the default's SQLite file
+    assert main(["demo", "--workers", "3", "--stock", "20", "--work", "20"]) == 0
+    output = capsys.readouterr().out
+    rows = demo_rows(output)
+    assert int(rows["no lock"]["oversold"]) > 0  # 20 ms windows, three sellers: they overlap
+    assert rows["scenario demo"]["sold"] == "20"
+    assert rows["scenario demo"]["oversold"] == "0"
+    served = rows["scenario demo"]["served"]
+    if "redis" not in served:  # nothing listens on 6379 here: the demo says it degraded
+        assert "redis" in output and "UNAVAILABLE" in output
+        assert re.fullmatch(r"db \d+", served)
+    assert (tmp_path / f"fallback-locks-{os.getuid()}" / "locks.sqlite").exists()
+
+
+def test_demo_moves_to_the_database_when_redis_is_killed_mid_run(
+    tmp_path: Path, redis_server: RedisServer, mariadb_server: MariaDBServer
+) -> None:
+    config = write_config(
+        tmp_path,
+        f'redis = {{ type = "redis-hash", url = "{redis_server.url}" }}\n'
+        f'db = {{ type = "database", url = "{mariadb_server.url}" }}',
+        '["redis", "db"]',
+    )
+    command = [sys.executable, "-m", "locks", "demo", "--config", str(config),
+               "--workers", "2", "--stock", "600", "--work", "5"]  # fmt: skip
+    with subprocess.Popen(command, stdout=subprocess.PIPE, text=True) as demo:
+        assert demo.stdout is not None
+        for line in demo.stdout:
+            if line.startswith("-> scenario demo"):
+                break
+        time.sleep(0.5)  # some sales on Redis first
+        redis_server.kill()
+        output = demo.stdout.read()
+        assert demo.wait(timeout=120) == 0, output
+    row = demo_rows(output)["scenario demo"]
+    assert (row["sold"], row["oversold"]) == ("600", "0")
+    assert re.search(r"redis \d+", row["served"]) and re.search(r"db \d+", row["served"]), row
+    assert "redis x" in output  # the degradations column counts them
+
+
+def test_status_reports_each_backend_and_fails_when_one_is_down(
+    tmp_path: Path, redis_server: RedisServer, capsys: pytest.CaptureFixture[str]
+) -> None:
+    dead_address = f"127.0.0.1:{free_port()}"
+    dead = f"redis://{dead_address}/0"
+    switch_file = tmp_path / "switch.toml"
+    switch_file.write_text('disable = ["spare"]\n')
+    config = write_config(
+        tmp_path,
+        f'redis = {{ type = "redis-hash", url = "{redis_server.url}" }}\n'
+        f'spare = {{ type = "redis", url = "{dead}" }}\n'
+        'local = { type = "local" }\n'
+        f'[switch]\nfile = "{switch_file}"\n',
+        '["redis", "spare", "local"]',
+    )
+    assert main(["status", "--config", str(config)]) == 1
+    captured = capsys.readouterr()
+    lines = {line.split()[0]: line for line in captured.out.splitlines()[1:]}
+    assert re.match(r"redis\s+redis-hash\s+yes\s+[\d.]+ ms\s+closed\s+-", lines["redis"])
+    assert re.match(r"spare\s+redis\s+no\s+-\s+open\s+disabled \(file\)", lines["spare"])
+    assert dead_address in captured.err  # the address that failed
+    spare = f'spare = {{ type = "redis", url = "{dead}" }}\n'
+    config.write_text(config.read_text().replace(spare, "").replace('"spare", ', ""))
+    assert main(["status", "--config", str(config)]) == 0
+
+
+def test_inspect_shows_the_holder_on_each_backend(
+    tmp_path: Path,
+    redis_server: RedisServer,
+    mariadb_server: MariaDBServer,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    config = write_config(
+        tmp_path,
+        f'redis = {{ type = "redis-hash", url = "{redis_server.url}" }}\n'
+        f'db = {{ type = "database", url = "{mariadb_server.url}" }}',
+        '["redis", "db"]',
+    )
+    registry = from_config(config)
+    try:
+        name = f"order:{uuid.uuid4().hex}"
+        lease = registry.backend("db").acquire(name, ttl=30)
+        assert lease is not None
+        assert main(["inspect", name, "--config", str(config)]) == 0
+        out = capsys.readouterr().out
+        assert re.search(r"^redis\s+redis-hash\s+free", out, re.MULTILINE)
+        db_row = rf"^db\s+database\s+{re.escape(lease.owner)}\s+1\s+{lease.fence}\s+(2\d|30)\.\d s"
+        assert re.search(db_row, out, re.MULTILINE), out
+        registry.backend("db").release(lease)
+        redis_server.kill()
+        assert main(["inspect", name, "--config", str(config)]) == 3
+        captured = capsys.readouterr()
+        assert re.search(r"^redis\s+redis-hash\s+\(unavailable\)", captured.out, re.MULTILINE)
+        assert re.search(r"^db\s+database\s+free", captured.out, re.MULTILINE)
+        assert redis_server.address in captured.err
+        assert main(["inspect", "", "--config", str(config)]) == 2
+    finally:
+        registry.close()
+
+
+def test_db_init_creates_the_table_once_and_refuses_what_is_not_a_database(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    sqlite = tmp_path / "locks.sqlite"
+    config = write_config(
+        tmp_path,
+        f'db = {{ type = "database", url = "sqlite:///{sqlite}", create_table = false }}\n'
+        'local = { type = "local" }',
+        '["db", "local"]',
+    )
+    for _ in range(2):  # again: the table is left as it is
+        assert main(["db", "init", "--config", str(config)]) == 0
+    assert "db: table 'locks' ready" in capsys.readouterr().out
+    assert sqlite3.connect(sqlite).execute("SELECT COUNT(*) FROM locks").fetchone() == (0,)
+    assert main(["db", "init", "--config", str(config), "--backend", "local"]) == 2
+    assert main(["db", "init", "--config", str(config), "--backend", "nope"]) == 1
+    dead = write_config(tmp_path, f'db = {{ type = "database", url = "{DEAD_SQLITE}" }}', '["db"]')
+    assert main(["db", "init", "--config", str(dead)]) == 3
+
+
+def test_switch_finds_its_file_in_the_config(tmp_path: Path) -> None:
+    switch_file = tmp_path / "run" / "switch.toml"
+    config = write_config(
+        tmp_path, f'local = {{ type = "local" }}\n[switch]\nfile = "{switch_file}"', '["local"]'
+    )
+    assert main(["switch", "--config", str(config), "force", "local"]) == 0
+    assert tomllib.loads(switch_file.read_text()) == {"force": "local"}
+    assert not list(switch_file.parent.glob(".switch.toml.*"))  # no temporary left behind
+    bare = write_config(tmp_path, 'local = { type = "local" }', '["local"]')
+    assert main(["switch", "--config", str(bare), "clear"]) == 1  # no file named anywhere

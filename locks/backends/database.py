@@ -390,6 +390,7 @@ class DatabaseProvider(ProviderBase):
         return self._run(self._is_held_sql, params)[2] is not None
 
     def _holder(self, key: str) -> Holder | None:
+        self._ready()
         row = self._run(self._holder_sql, {"name": key})[2]
         if row is None:
             return None

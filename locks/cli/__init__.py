@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import logging
 import sys
 from collections.abc import Sequence
 
@@ -20,7 +21,7 @@ from locks.errors import BackendUnavailable, ConfigError
 OK, PROBLEM, USAGE, UNAVAILABLE = 0, 1, 2, 3
 
 # each module has `register(commands)`, which adds its subparser and sets `run`
-COMMANDS = ("switch", "check")
+COMMANDS = ("demo", "status", "switch", "inspect", "db", "check")
 
 
 def parser() -> argparse.ArgumentParser:
@@ -28,6 +29,9 @@ def parser() -> argparse.ArgumentParser:
         prog="locks",
         description="Named locks over Redis, ZooKeeper, databases and a local fallback.",
         epilog="Exit codes: 0 ok, 1 a problem was found, 2 bad usage, 3 a backend was unavailable.",
+    )
+    top.add_argument(
+        "-v", "--verbose", action="store_true", help="also print the library's own log"
     )
     commands = top.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for name in COMMANDS:
@@ -37,6 +41,13 @@ def parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = parser().parse_args(argv)
+    library_log = logging.getLogger("locks")
+    if args.verbose:
+        logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+    elif not library_log.handlers:
+        # the commands report what matters themselves; without a handler, Python would
+        # print every warning of the library (each failed try of a dead backend)
+        library_log.addHandler(logging.NullHandler())
     try:
         result: int = args.run(args)
     except ConfigError as exc:

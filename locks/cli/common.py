@@ -7,6 +7,7 @@ import importlib.util
 import os
 import sys
 import tempfile
+import time
 import tomllib
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -14,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from locks.config import BUILT_IN_TYPES, Registry, from_config
+from locks.errors import BackendUnavailable
 
 CONFIG_ENV = "LOCKS_CONFIG"
 DEFAULT_SCENARIO = "demo"
@@ -134,3 +136,43 @@ def table(headers: Sequence[str], rows: Sequence[Sequence[object]]) -> str:
 
 def note(message: str) -> None:
     print(message, file=sys.stderr)
+
+
+@dataclass(frozen=True)
+class Probe:
+    """One backend's answer to a ping."""
+
+    name: str
+    type: str
+    latency: float | None  # seconds; None when it did not answer
+    error: str | None
+
+    @property
+    def reachable(self) -> bool:
+        return self.error is None
+
+
+def probe(registry: Registry, name: str) -> Probe:
+    provider = registry.backend(name)
+    started = time.perf_counter()
+    try:
+        provider.ping()
+    except BackendUnavailable as exc:
+        return Probe(name, backend_type(registry, name), None, str(exc))
+    return Probe(name, backend_type(registry, name), time.perf_counter() - started, None)
+
+
+def switch_verdict(registry: Registry, name: str) -> str:
+    """What the kill-switch does to this backend right now."""
+    state = registry.switch.state
+    if state.forced == name:
+        return f"forced ({state.source})"
+    if state.forced is not None:
+        return f"skipped: {state.forced} is forced ({state.source})"
+    if name in state.disabled:
+        return f"disabled ({state.source})"
+    return "-"
+
+
+def milliseconds(seconds: float | None) -> str:
+    return "-" if seconds is None else f"{seconds * 1000:.1f} ms"

@@ -1,0 +1,43 @@
+"""`locks db init`: create the lock table of every database backend in the config (or of
+the one `--backend` names), for deployments where the application's database user has
+no CREATE privilege. Safe to run again: an existing table is left as it is."""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+from locks.backends.database import DatabaseProvider
+from locks.cli.common import add_config_option, load, note
+
+
+def register(commands: Any) -> None:
+    parser = commands.add_parser(
+        "db",
+        help="database backend chores (init: create the lock table)",
+        description=__doc__,
+    )
+    parser.add_argument("action", choices=["init"])
+    parser.add_argument("--backend", metavar="NAME", help="only this database backend")
+    add_config_option(parser)
+    parser.set_defaults(run=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    loaded = load(args.config)
+    registry = loaded.registry
+    try:
+        names = [args.backend] if args.backend else list(registry)
+        targets = {name: registry.backend(name) for name in names}
+        databases = {n: p for n, p in targets.items() if isinstance(p, DatabaseProvider)}
+        if args.backend and not databases:
+            raise ValueError(f"backend {args.backend!r} is not a database backend")
+        if not databases:
+            note(f"no database backend in {loaded.source}")
+            return 1
+        for name, provider in databases.items():
+            provider.create_table()  # BackendUnavailable exits 3 with its message
+            print(f"{name}: table {provider.table_name!r} ready at {provider.address}")
+        return 0
+    finally:
+        registry.close()
