@@ -166,7 +166,7 @@ def test_the_minimal_grant_is_enough(mariadb_server: MariaDBServer, key: str) ->
         "GRANT SELECT, INSERT, UPDATE, DELETE ON locks.locks TO 'dml'@'127.0.0.1';"
     )
     url = f"mysql+pymysql://dml:dml-pw@{mariadb_server.address}/locks?charset=utf8mb4"
-    db = DatabaseProvider(url, create_table=False, watchdog_ttl=0.6)
+    db = DatabaseProvider(url, watchdog_ttl=0.6)  # create_table: it finds the table there
     lease = db.acquire(key)
     assert lease is not None
     time.sleep(0.5)  # renewed by the watchdog with the same grant

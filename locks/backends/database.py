@@ -262,11 +262,13 @@ class DatabaseProvider(ProviderBase):
         )
 
     def create_table(self) -> None:
-        """Create the lock table if it does not exist (needs CREATE privilege)."""
+        """Create the lock table if it does not exist. Needs the CREATE privilege only
+        when it is missing: a user with DML rights alone passes once the table is there."""
         with self._translated(), self.engine.connect() as conn:
             # connected first: the server (MariaDB or MySQL) decides the collation;
             # IF NOT EXISTS: processes starting together may all try
-            conn.execute(CreateTable(self.table(), if_not_exists=True))
+            if not sa.inspect(conn).has_table(self.table_name):
+                conn.execute(CreateTable(self.table(), if_not_exists=True))
         self._table_ready = True
 
     def _ready(self) -> None:
