@@ -1,0 +1,240 @@
+"""`locks bench`: how fast each configured backend is, from this machine, right now.
+
+For every backend of the configuration (or those --backends names) that answers a
+ping, one after another:
+
+  cycles/s       uncontended acquire + release of one key, --cycles times
+  hand-off ms    a holder releases while another thread waits for the key: the time
+                 until the waiter's acquire returns (median of --samples)
+  acquire p50/99 single uncontended acquires, timed one by one (--cycles of them)
+
+Locks are taken on keys `bench:<uuid>` with a fixed ttl of 30 s, so nothing real is
+touched and a crashed run leaves nothing held for long. A backend that does not answer
+its ping is skipped with a note on stderr. Compare backends within one run: figures
+move with the machine and its load.
+
+    locks bench                            # every configured backend
+    locks bench --backends redis,db --cycles 5000
+    locks bench --plot bench.png           # needs pip install 'fallback-locks[plot]'
+
+Exit codes: 0 measured, 2 bad usage (or --plot without matplotlib), 3 no backend
+answered.
+"""
+
+from __future__ import annotations
+
+import argparse
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from locks.cli import UNAVAILABLE, USAGE
+from locks.cli.common import add_config_option, backend_type, load, note, table
+from locks.config import Registry
+from locks.errors import BackendUnavailable
+from locks.measure import Figures, measure_provider
+
+if TYPE_CHECKING:
+    from matplotlib.figure import Figure
+
+TTL = 30.0
+
+
+def _positive(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a whole number: {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
+    return value
+
+
+def register(commands: Any) -> None:
+    parser = commands.add_parser(
+        "bench",
+        help="measure each backend: cycles/s, hand-off and acquire latency",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    add_config_option(parser)
+    parser.add_argument(
+        "--backends",
+        metavar="NAME,...",
+        help="measure only these backends, comma-separated (default: all configured)",
+    )
+    parser.add_argument(
+        "--cycles",
+        type=_positive,
+        default=1000,
+        metavar="N",
+        help="acquire+release cycles for the rate, and single acquires for p50/p99 "
+        "(default: %(default)s)",
+    )
+    parser.add_argument(
+        "--samples",
+        type=_positive,
+        default=10,
+        metavar="N",
+        help="hand-offs to time per backend, each about 50 ms (default: %(default)s)",
+    )
+    parser.add_argument(
+        "--plot",
+        metavar="OUT.png",
+        type=Path,
+        help="also draw the figures to a PNG (needs the 'plot' extra: matplotlib)",
+    )
+    parser.set_defaults(run=run)
+
+
+@dataclass(frozen=True)
+class Row:
+    name: str
+    type: str
+    figures: Figures
+
+
+class PlotUnavailable(Exception):
+    """--plot was asked for and matplotlib cannot be imported."""
+
+
+def figure_class() -> type[Figure]:
+    """matplotlib's Figure, imported only when a plot is asked for: the library and the
+    rest of the command run without it."""
+    try:
+        from matplotlib.figure import Figure  # noqa: PLC0415
+    except ImportError as exc:
+        raise PlotUnavailable(
+            "--plot needs matplotlib, which is not installed; install the 'plot' extra: "
+            "pip install 'fallback-locks[plot]'"
+        ) from exc
+    return Figure
+
+
+def selected(registry: Registry, backends: str | None) -> list[str]:
+    """The backends to measure, in configuration order, or as --backends lists them."""
+    configured = list(registry)
+    if backends is None:
+        return configured
+    names = list(dict.fromkeys(name.strip() for name in backends.split(",") if name.strip()))
+    if not names:
+        raise ValueError("--backends: no backend named")
+    unknown = [name for name in names if name not in configured]
+    if unknown:
+        raise ValueError(
+            f"--backends: unknown backend {unknown[0]!r} (configured: {', '.join(configured)})"
+        )
+    return names
+
+
+def measure_all(registry: Registry, names: list[str], cycles: int, samples: int) -> list[Row]:
+    """Figures for each backend that answers; the others are named on stderr."""
+    rows = []
+    for name in names:
+        provider = registry.backend(name)
+        try:
+            provider.ping()
+        except BackendUnavailable as exc:
+            note(f"{name}: skipped, it did not answer a ping: {exc}")
+            continue
+        note(f"measuring {name} ...")
+        try:
+            figures = measure_provider(provider, cycles=cycles, samples=samples, ttl=TTL)
+        except BackendUnavailable as exc:
+            note(f"{name}: skipped, it stopped answering during the run: {exc}")
+            continue
+        rows.append(Row(name, backend_type(registry, name), figures))
+    return rows
+
+
+def report(rows: list[Row]) -> str:
+    headers = ["backend", "type", "cycles/s", "hand-off ms", "acquire p50 ms", "acquire p99 ms"]
+    return table(
+        headers,
+        [
+            [
+                row.name,
+                row.type,
+                f"{row.figures.cycles_per_second:,.0f}",
+                f"{row.figures.handoff_ms:.2f}",
+                f"{row.figures.acquire.p50:.2f}",
+                f"{row.figures.acquire.p99:.2f}",
+            ]
+            for row in rows
+        ],
+    )
+
+
+def plot(rows: list[Row], path: Path, figure: type[Figure], title: str) -> None:
+    """Two panels: cycles/s per backend; hand-off median and acquire p99 per backend."""
+    labels = [f"{row.name} ({row.type})" for row in rows]
+    positions = list(range(len(rows)))
+    drawing = figure(figsize=(11, 1.8 + 0.5 * len(rows)), layout="constrained")
+    rate_axes, latency_axes = drawing.subplots(1, 2, sharey=True)
+
+    rates = [row.figures.cycles_per_second for row in rows]
+    rate_axes.barh(positions, rates, color="C0")
+    if max(rates) / min(rates) > 30:  # `local` next to a server: linear hides the servers
+        rate_axes.set_xscale("log")
+    rate_axes.set_yticks(positions, labels)
+    rate_axes.invert_yaxis()
+    rate_axes.set_xlabel("acquire + release, cycles/s (higher is better)")
+    for position, rate in zip(positions, rates, strict=True):
+        rate_axes.annotate(f" {rate:,.0f}", (rate, position), va="center", fontsize=8)
+    if rate_axes.get_xscale() == "log":
+        rate_axes.set_xlim(min(rates) / 3, max(rates) * 4)
+    else:
+        rate_axes.set_xlim(0, max(rates) * 1.2)
+
+    height = 0.38
+    handoffs = [row.figures.handoff_ms for row in rows]
+    tails = [row.figures.acquire.p99 for row in rows]
+    for offset, values, colour, label in (
+        (-height / 2, handoffs, "C1", "hand-off, median"),
+        (height / 2, tails, "C2", "acquire p99"),
+    ):
+        at = [p + offset for p in positions]
+        latency_axes.barh(at, values, height=height, color=colour, label=label)
+        for y, value in zip(at, values, strict=True):
+            latency_axes.annotate(f" {value:.2f}", (value, y), va="center", fontsize=7)
+    low, high = min(handoffs + tails), max(handoffs + tails)
+    if high / max(low, 1e-6) > 10:  # a local wake-up (µs) next to a database poll (ms)
+        latency_axes.set_xscale("log")
+        latency_axes.set_xlim(max(low, 1e-3) / 3, high * 4)
+        latency_axes.set_xlabel("ms, log scale (lower is better)")
+    else:
+        latency_axes.set_xlim(0, high * 1.25)
+        latency_axes.set_xlabel("ms (lower is better)")
+    latency_axes.legend(loc="lower right", fontsize=8)
+    drawing.suptitle(title, fontsize=10)
+    drawing.savefig(path, dpi=100)
+
+
+def run(args: argparse.Namespace) -> int:
+    figure = None
+    if args.plot is not None:
+        try:
+            figure = figure_class()  # before measuring: fail in a second, not after a minute
+        except PlotUnavailable as exc:
+            note(f"locks bench: {exc}")
+            return USAGE
+    loaded = load(args.config)
+    try:
+        for line in loaded.notes:
+            note(line)
+        names = selected(loaded.registry, args.backends)
+        rows = measure_all(loaded.registry, names, args.cycles, args.samples)
+        if not rows:
+            note(f"locks bench: no backend answered ({', '.join(names)}): nothing measured")
+            return UNAVAILABLE
+        print(
+            f"config: {loaded.source}; {args.cycles} cycles, {args.samples} hand-offs, "
+            f"ttl {TTL:g} s, keys bench:<uuid>"
+        )
+        print(report(rows))
+        if figure is not None:
+            plot(rows, args.plot, figure, f"locks bench ({loaded.source})")
+            print(f"plot written to {args.plot}")
+        return 0
+    finally:
+        loaded.registry.close()
