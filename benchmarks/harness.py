@@ -2,7 +2,8 @@
 
 Every contender is a `Contender`: a way to acquire (blocking or one try) and release a
 named lock. Ratios between contenders of one run are what we report; absolute figures
-move with the machine.
+move with the machine. The timing loops are `locks.measure`, the same code as
+`locks bench`; this module adds the side-by-side runs, the report and its plot.
 """
 
 from __future__ import annotations
@@ -11,27 +12,31 @@ import argparse
 import statistics
 import sys
 import tempfile
-import threading
 import time
-import uuid
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from locks import measure as core
+from locks.measure import Acquire, Release
 from locks.provider import LockProvider
 from tests.servers import ServerProcess
 
-Acquire = Callable[[str], Any]  # blocks until held, returns a handle
-Release = Callable[[Any], None]
+DOCS = Path(__file__).resolve().parent.parent / "docs"
+REPORT = DOCS / "benchmarks.md"
 
 
 @dataclass
 class Contender:
+    """A lock to time: `acquire(key)` blocks until held and returns a handle for
+    `release`. `ours` marks fallback-locks itself, so plots tell it from the peers."""
+
     name: str
     acquire: Acquire
     release: Release
     close: Callable[[], None] = lambda: None
+    ours: bool = False
 
 
 @dataclass
@@ -39,49 +44,31 @@ class Result:
     name: str
     cycles_per_second: float
     handoff_ms: float | None
+    ours: bool = False
+
+
+# every Result this process measured, for the plot `publish` draws of its run
+_measured: list[Result] = []
 
 
 def cycle_rate(contender: Contender, key: str, cycles: int) -> float:
     """Acquire+release cycles per second on one uncontended key."""
-    started = time.perf_counter()
-    for _ in range(cycles):
-        contender.release(contender.acquire(key))
-    return cycles / (time.perf_counter() - started)
+    return core.cycle_rate(contender.acquire, contender.release, key, cycles)
 
 
 def handoff_ms(contender: Contender, samples: int) -> float:
     """Median time from the holder's release call to the waiter's acquire returning."""
-    latencies = []
-    for _ in range(samples):
-        key = f"bench:{uuid.uuid4().hex}"
-        held = contender.acquire(key)
-        acquired_at: list[float] = []
-
-        def wait(key: str = key, acquired_at: list[float] = acquired_at) -> None:
-            handle = contender.acquire(key)
-            acquired_at.append(time.perf_counter())
-            contender.release(handle)
-
-        waiter = threading.Thread(target=wait)
-        waiter.start()
-        time.sleep(0.05)  # let the waiter settle into its wait
-        released_at = time.perf_counter()
-        contender.release(held)
-        waiter.join(30)
-        if not acquired_at:
-            raise RuntimeError(f"{contender.name}: the waiter never acquired")
-        latencies.append((acquired_at[0] - released_at) * 1000)
-    return statistics.median(latencies)
+    return core.handoff_ms(contender.acquire, contender.release, samples, label=contender.name)
 
 
 def measure(contenders: list[Contender], cycles: int, rounds: int, samples: int) -> list[Result]:
     """Medians per contender. Rounds are interleaved (each round runs every contender
     once), so a machine that slows down mid-run slows everyone alike."""
-    keys = {c.name: f"bench:{uuid.uuid4().hex}" for c in contenders}
+    keys = {c.name: core.bench_key() for c in contenders}
     rates: dict[str, list[float]] = {c.name: [] for c in contenders}
     try:
         for contender in contenders:
-            cycle_rate(contender, keys[contender.name], 50)  # warm connections and scripts
+            core.warm_up(contender.acquire, contender.release, keys[contender.name])
         for _ in range(rounds):
             for contender in contenders:
                 rates[contender.name].append(cycle_rate(contender, keys[contender.name], cycles))
@@ -89,11 +76,12 @@ def measure(contenders: list[Contender], cycles: int, rounds: int, samples: int)
         for contender in contenders:
             handoff = handoff_ms(contender, samples) if samples else None
             rate = statistics.median(rates[contender.name])
-            results.append(Result(contender.name, rate, handoff))
+            results.append(Result(contender.name, rate, handoff, contender.ours))
             print(f"  {contender.name}: {rate:,.0f} cycles/s, hand-off {handoff} ms", flush=True)
     finally:
         for contender in contenders:
             contender.close()
+    _measured.extend(results)
     return results
 
 
@@ -113,30 +101,30 @@ def table(results: list[Result], baseline: str) -> str:
     return "\n".join(lines)
 
 
-def append_report(title: str, command: str, body: str) -> Path:
+def utc_stamp() -> str:
+    return time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
+
+
+def append_report(title: str, command: str, body: str, stamp: str | None = None) -> Path:
     """Append a dated section to docs/benchmarks.md."""
-    path = Path(__file__).resolve().parent.parent / "docs" / "benchmarks.md"
-    if not path.exists():
-        path.write_text("# Benchmarks\n\nRatios within one run are the figures to read.\n")
-    stamp = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
-    with path.open("a") as out:
-        out.write(f"\n## {title} ({stamp})\n\n`{command}`\n\n{body}\n")
-    return path
+    if not REPORT.exists():
+        REPORT.write_text("# Benchmarks\n\nRatios within one run are the figures to read.\n")
+    with REPORT.open("a") as out:
+        out.write(f"\n## {title} ({stamp or utc_stamp()})\n\n`{command}`\n\n{body}\n")
+    return REPORT
 
 
 def provider_contender(provider: LockProvider, label: str, *tiers: LockProvider) -> Contender:
     """One of ours as a contender (ttl=30, wait=30); `tiers` are closed with it, since a
     chain closes none of its own."""
-
-    def acquire(key: str) -> Any:
-        return provider.acquire(key, ttl=30, wait=30)
+    acquire, release = core.provider_ops(provider, ttl=30, wait=30)
 
     def close() -> None:
         provider.close()
         for tier in tiers:
             tier.close()
 
-    return Contender(label, acquire, provider.release, close)
+    return Contender(label, acquire, release, close, ours=True)
 
 
 def arguments(description: str | None, argv: list[str] | None, repetitions: bool = False) -> Any:
@@ -147,16 +135,36 @@ def arguments(description: str | None, argv: list[str] | None, repetitions: bool
     parser.add_argument("--samples", type=int, default=20)
     if repetitions:
         parser.add_argument("--repetitions", type=int, default=5, help="outages to time")
-    parser.add_argument("--no-write", action="store_true", help="do not append to docs/")
+    parser.add_argument(
+        "--no-write", action="store_true", help="do not append to docs/ or draw docs/img/"
+    )
     return parser.parse_args(argv)
 
 
 def publish(title: str, module: str, argv: list[str] | None, body: str, write: bool) -> None:
-    """Print a report and, unless told not to, append it to docs/ with its command."""
+    """Print a report and, unless told not to, append it to docs/ with its command.
+
+    When writing, the contenders this process measured are drawn to docs/img/<X>.png
+    (X: the module's last name) and the section links it; earlier sections' links to
+    the same image are dropped, since the file now shows this run."""
     print(body)
-    if write:
-        command = f"python -m {module} " + " ".join(argv if argv is not None else sys.argv[1:])
-        print(f"appended to {append_report(title, command.strip(), body)}")
+    if not write:
+        return
+    from benchmarks import plots  # noqa: PLC0415  # it imports this module
+
+    command = f"python -m {module} " + " ".join(argv if argv is not None else sys.argv[1:])
+    stamp = utc_stamp()
+    if _measured:
+        name = module.rsplit(".", 1)[-1]
+        try:
+            image = plots.draw_results(name, f"{title} ({stamp})", _measured)
+        except ImportError as exc:  # the table is worth keeping without its plot
+            print(f"no plot drawn ({exc}): pip install -e '.[plot]'", file=sys.stderr)
+        else:
+            body = f"{body}\n\n{plots.image_link(title, image)}"
+            print(f"drew {image}")
+    print(f"appended to {append_report(title, command.strip(), body, stamp)}")
+    plots.keep_last_links()
 
 
 def compare(

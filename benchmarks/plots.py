@@ -1,0 +1,286 @@
+"""Plots for docs/: one PNG per benchmark, drawn from the run that wrote its table.
+
+`harness.publish` draws docs/img/<X>.png after every `python -m benchmarks.X` run that
+writes to docs/, and links it under the new section of docs/benchmarks.md; an image
+shows only its latest run, so links to it from earlier sections are dropped.
+
+    python -m benchmarks.plots [NAME ...]
+
+draws the images again from the tables already in docs/benchmarks.md (the newest
+section of each benchmark; all that have one if no NAME is given) and links each from
+its section: for a table written by a run that drew no image, and to redraw after a
+change to the plots. Failover timelines need the run's raw samples: only
+`python -m benchmarks.failover` draws those.
+
+matplotlib is imported inside the drawing functions only.
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+import sys
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from benchmarks.harness import DOCS, REPORT, Result
+
+if TYPE_CHECKING:
+    from matplotlib.figure import Figure
+
+IMAGES = DOCS / "img"
+OURS_COLOUR = "#1f77b4"
+PEER_COLOUR = "#9a9a9a"
+# benchmarks whose every contender is fallback-locks (bare next to a chain)
+ALL_OURS = {"chain"}
+
+_LINK = re.compile(r"^!\[[^\]]*\]\((img/[^)\s]+\.png)\)\s*$")
+_SECTION = re.compile(r"^## (?P<title>.+) \((?P<stamp>\d{4}-\d\d-\d\d \d\d:\d\d UTC)\)\s*$")
+_COMMAND = re.compile(r"^`python -m benchmarks\.(?P<name>\w+)\b")
+
+
+def image_link(title: str, image: Path) -> str:
+    """A Markdown image line, relative to docs/ (where benchmarks.md lives)."""
+    return f"![{title}](img/{image.name})"
+
+
+def _figure(width: float, height: float) -> Figure:
+    """A figure without pyplot: no GUI backend, no global state; PNG through Agg."""
+    from matplotlib.figure import Figure  # noqa: PLC0415  # matplotlib stays optional
+
+    return Figure(figsize=(width, height), layout="constrained")
+
+
+def draw_results(name: str, title: str, results: Sequence[Result]) -> Path:
+    """docs/img/<name>.png: cycles/s and hand-off median per contender, ours in colour."""
+    IMAGES.mkdir(parents=True, exist_ok=True)
+    names = [r.name for r in results]
+    colours = [OURS_COLOUR if r.ours else PEER_COLOUR for r in results]
+    rows = list(range(len(results)))
+    figure = _figure(11, 1.6 + 0.42 * len(results))
+    rate_axes, handoff_axes = figure.subplots(1, 2, sharey=True)
+
+    rates = [r.cycles_per_second for r in results]
+    rate_axes.barh(rows, rates, color=colours)  # linear: bar lengths are the ratios
+    rate_axes.set_yticks(rows, names)
+    rate_axes.invert_yaxis()  # the table's order, top to bottom
+    rate_axes.set_xlabel("uncontended acquire + release, cycles/s (higher is better)")
+    for row, rate in zip(rows, rates, strict=True):
+        rate_axes.annotate(f" {rate:,.0f}", (rate, row), va="center", fontsize=8)
+    rate_axes.set_xlim(right=max(rates) * 1.18)
+
+    handoffs = [r.handoff_ms for r in results]
+    shown = [h for h in handoffs if h is not None]
+    handoff_axes.barh(rows, [h or 0 for h in handoffs], color=colours)
+    low, high = min(shown, default=1.0), max(shown, default=1.0)
+    if high / low > 10:  # a wake-up (< 1 ms) next to a poll (~50 ms or more)
+        handoff_axes.set_xscale("log")
+        handoff_axes.set_xlabel("hand-off, median ms, log scale (lower is better)")
+        low /= 3
+        handoff_axes.set_xlim(low, high * 4)
+    else:
+        handoff_axes.set_xlabel("hand-off, median ms (lower is better)")
+        low = 0
+        handoff_axes.set_xlim(0, high * 1.25)
+    for row, handoff in zip(rows, handoffs, strict=True):
+        label = " — (waits by spinning)" if handoff is None else f" {handoff:.2f} ms"
+        handoff_axes.annotate(label, (handoff or low, row), va="center", fontsize=8)
+
+    from matplotlib.patches import Patch  # noqa: PLC0415
+
+    if any(r.ours for r in results) and not all(r.ours for r in results):
+        figure.legend(
+            handles=[Patch(color=OURS_COLOUR), Patch(color=PEER_COLOUR)],
+            labels=["fallback-locks", "peer library"],
+            loc="outside lower center",
+            ncols=2,
+            fontsize=8,
+        )
+    figure.suptitle(title, fontsize=10)
+    path = IMAGES / f"{name}.png"
+    figure.savefig(path, dpi=100)
+    return path
+
+
+@dataclass
+class Acquisition:
+    """One acquire of the failover loop: when it was called (s since the start),
+    which tier granted it (None: it failed), and how long it took."""
+
+    at: float
+    backend: str | None
+    latency_ms: float
+
+    @property
+    def granted_at(self) -> float:
+        return self.at + self.latency_ms / 1000
+
+
+def draw_failover(
+    title: str,
+    acquisitions: Sequence[Acquisition],
+    tiers: Sequence[str],
+    events: Sequence[tuple[float, str]],
+    path: Path | None = None,
+) -> Path:
+    """docs/img/failover.png: which tier served each acquire over time (top) and its
+    latency (bottom), with the kill and restart marked on both."""
+    path = path or IMAGES / "failover.png"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    figure = _figure(11, 6)
+    served_axes, latency_axes = figure.subplots(
+        2, 1, sharex=True, gridspec_kw={"height_ratios": [1, 2]}
+    )
+    levels = list(reversed(tiers))  # the first tier on top
+    if any(a.backend is None for a in acquisitions):
+        levels.insert(0, "failed")
+    colours = {tier: f"C{i}" for i, tier in enumerate(tiers)} | {"failed": "#d62728"}
+    for level in levels:
+        mine = [a for a in acquisitions if (a.backend or "failed") == level]
+        y = levels.index(level)
+        served_axes.scatter(
+            [a.granted_at for a in mine], [y] * len(mine), marker="|", s=60,
+            color=colours[level], linewidths=0.8,
+        )  # fmt: skip
+        latency_axes.scatter(
+            [a.granted_at for a in mine], [a.latency_ms for a in mine], s=6,
+            color=colours[level], label=f"{level} ({len(mine)})",
+        )  # fmt: skip
+    served_axes.set_yticks(range(len(levels)), levels)
+    served_axes.set_ylim(-0.6, len(levels) - 0.4)
+    served_axes.set_ylabel("served by")
+    latency_axes.set_yscale("log")
+    latency_axes.set_ylabel("acquire latency, ms (log)")
+    latency_axes.set_xlabel("time since the loop started, s (each mark at the grant)")
+    latency_axes.legend(loc="upper right", fontsize=8, title="acquisitions", title_fontsize=8)
+    for at, label in events:
+        for axes in (served_axes, latency_axes):
+            axes.axvline(at, color="#d62728", linestyle="--", linewidth=1)
+        served_axes.annotate(
+            f" {label}", (at, len(levels) - 0.45), va="top", fontsize=8, color="#d62728"
+        )
+    for axes in (served_axes, latency_axes):
+        axes.grid(axis="x", alpha=0.3)
+    figure.suptitle(title, fontsize=10)
+    figure.savefig(path, dpi=100)
+    return path
+
+
+# -- docs/benchmarks.md ------------------------------------------------------------------
+
+
+def keep_last_links(report: Path = REPORT) -> None:
+    """Leave only the last link to each image: an image shows its latest run, so a link
+    under an older section would put new figures next to old numbers."""
+    lines = report.read_text().splitlines(keepends=True)
+    last: dict[str, int] = {}
+    for index, line in enumerate(lines):
+        match = _LINK.match(line)
+        if match:
+            last[match.group(1)] = index
+    kept = [
+        line
+        for index, line in enumerate(lines)
+        if not (match := _LINK.match(line)) or last[match.group(1)] == index
+    ]
+    if len(kept) != len(lines):
+        # drop the blank line each removed link leaves doubled
+        text = re.sub(r"\n{3,}", "\n\n", "".join(kept))
+        report.write_text(text)
+
+
+@dataclass
+class Section:
+    name: str  # X of `python -m benchmarks.X`
+    title: str
+    stamp: str
+    start: int  # index of its heading line
+    end: int  # index after its last line
+
+
+def sections(lines: Sequence[str]) -> list[Section]:
+    """The report's dated sections, with the benchmark each one's command ran."""
+    found: list[Section] = []
+    for index, line in enumerate(lines):
+        heading = _SECTION.match(line)
+        if heading:
+            if found:
+                found[-1].end = index
+            found.append(Section("", heading["title"], heading["stamp"], index, len(lines)))
+        elif found and not found[-1].name and (command := _COMMAND.match(line)):
+            found[-1].name = command["name"]
+    return found
+
+
+def parse_results(name: str, lines: Sequence[str]) -> list[Result]:
+    """The first contender table of a section, back into Results. The table does not
+    say which rows are ours: names starting `fallback-locks` are, and every row of a
+    benchmark in ALL_OURS."""
+    results = []
+    in_table = False
+    for line in lines:
+        cells = [cell.strip() for cell in line.strip().strip("|").split("|")]
+        if line.startswith("| contender |"):
+            in_table = True
+        elif in_table and line.startswith("|---"):
+            continue
+        elif in_table and line.startswith("|"):
+            label, rate, _ratio, handoff = cells[:4]
+            results.append(
+                Result(
+                    label,
+                    float(rate.replace(",", "")),
+                    None if handoff in ("—", "-", "") else float(handoff),
+                    ours=name in ALL_OURS or label.startswith("fallback-locks"),
+                )
+            )
+        elif in_table:
+            break
+    return results
+
+
+def redraw(names: Sequence[str], report: Path = REPORT) -> list[Path]:
+    """Draw each named benchmark's image from its newest section's table, and link it
+    from that section if it is not yet."""
+    lines = report.read_text().splitlines(keepends=True)
+    newest = {section.name: section for section in sections(lines)}
+    drawn = []
+    inserts: list[tuple[int, str]] = []
+    for name in names or [n for n in newest if n != "failover"]:
+        section = newest.get(name)
+        if section is None:
+            raise SystemExit(f"no section of benchmarks.{name} in {report}")
+        body = lines[section.start : section.end]
+        results = parse_results(name, body)
+        if not results:
+            raise SystemExit(f"the newest benchmarks.{name} section has no contender table")
+        image = draw_results(name, f"{section.title} ({section.stamp})", results)
+        drawn.append(image)
+        if not any(f"](img/{image.name})" in line for line in body):
+            table_end = next(
+                i for i in range(section.start, section.end) if lines[i].startswith("|")
+            )
+            while table_end < section.end and lines[table_end].startswith("|"):
+                table_end += 1
+            inserts.append((table_end, f"\n{image_link(section.title, image)}\n"))
+    for index, text in sorted(inserts, reverse=True):
+        lines.insert(index, text)
+    if inserts:
+        report.write_text("".join(lines))
+    keep_last_links(report)
+    return drawn
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0] if __doc__ else None)
+    parser.add_argument("names", nargs="*", help="benchmarks to draw (redis, database, ...)")
+    args = parser.parse_args(argv)
+    for image in redraw(args.names):
+        print(f"drew {image}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
