@@ -1,12 +1,14 @@
 # `make test` is the whole check on a fresh Debian machine: a venv with every extra,
-# the real servers from apt where missing, then ruff, mypy --strict and pytest.
+# the real servers from apt where missing, then ruff, mypy --strict, the docs site and
+# pytest. `make demo` sets up the same venv and runs the oversell demo on the embedded
+# default (no server needed).
 PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 
-.PHONY: test lint typecheck pytest servers bench clean
+.PHONY: test lint typecheck docs pytest servers bench demo clean
 
-test: lint typecheck pytest
+test: lint typecheck docs pytest
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -26,6 +28,12 @@ lint: $(VENV)/.installed
 typecheck: $(VENV)/.installed
 	$(BIN)/mypy
 
+docs: $(VENV)/.installed
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict --quiet --site-dir .site
+
+demo: $(VENV)/.installed
+	$(BIN)/locks demo
+
 pytest: $(VENV)/.installed servers
 	$(BIN)/pytest
 
@@ -34,6 +42,7 @@ bench: $(VENV)/.installed servers
 	$(BIN)/python -m benchmarks.zookeeper
 	$(BIN)/python -m benchmarks.database
 	$(BIN)/python -m benchmarks.chain
+	$(BIN)/python -m benchmarks.failover
 
 clean:
-	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache
+	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache .site
