@@ -308,6 +308,22 @@ def test_reentrant_acquire_counts_depth(backend: Backend, key: str) -> None:
     provider.release(other)
 
 
+@pytest.mark.parametrize("backend", kinds(reentrant=True), indirect=True)
+def test_a_nested_acquire_with_a_shorter_ttl_does_not_shorten_the_outer_lease(
+    backend: Backend, key: str
+) -> None:
+    provider = backend.make()
+    outer = provider.acquire(key, ttl=30)
+    assert outer is not None
+    inner = provider.acquire(key, ttl=0.2)
+    assert inner is not None and inner.depth == 2
+    time.sleep(0.5)  # the inner ttl is long gone; the outer one is not
+    assert in_thread(lambda: provider.acquire(key, ttl=30, wait=0)) is None
+    assert provider.is_held(outer)
+    provider.release(inner)
+    provider.release(outer)
+
+
 @pytest.mark.parametrize("backend", kinds(reentrant=False), indirect=True)
 def test_non_reentrant_backend_refuses_the_holder_without_deadlock(
     backend: Backend, key: str

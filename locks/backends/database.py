@@ -81,11 +81,13 @@ _MYSQL_UPSERT = (
   owner = IF(expires_at <= {now}, VALUES(owner), owner),
   expires_at = IF(
     LAST_INSERT_ID(IF(owner = VALUES(owner), fence * 1024 + LEAST(depth, 1023), 0)) > 0,
-    VALUES(expires_at), expires_at)
+    GREATEST(expires_at, VALUES(expires_at)), expires_at)
 """
 )
 
-# ON CONFLICT assignments all see the old row, so the order does not matter here.
+# ON CONFLICT assignments all see the old row, so the order does not matter here. Either
+# way the expiry only grows: a take-over starts past the old one, and a nested grant may
+# lengthen the outer lease but never shorten it.
 _UPSERT = """
 INSERT INTO {t} AS l (name, owner, token, depth, fence, expires_at, acquired_at)
 VALUES (:name, :owner, :token, 1, {now}, {now} + :ttl_us, {now})
@@ -95,7 +97,7 @@ ON CONFLICT (name) DO UPDATE SET
   token = CASE WHEN l.expires_at <= {now} THEN excluded.token ELSE l.token END,
   acquired_at = CASE WHEN l.expires_at <= {now} THEN {now} ELSE l.acquired_at END,
   owner = excluded.owner,
-  expires_at = excluded.expires_at
+  expires_at = {greatest}(l.expires_at, excluded.expires_at)
 WHERE l.expires_at <= {now} OR l.owner = excluded.owner
 RETURNING fence, depth
 """

@@ -82,7 +82,10 @@ if redis.call('EXISTS', KEYS[1]) == 0 then
 end
 if redis.call('HEXISTS', KEYS[1], ARGV[4]) == 1 then
   local depth = redis.call('HINCRBY', KEYS[1], ARGV[4], 1)
-  redis.call('PEXPIRE', KEYS[1], ARGV[2])
+  -- a nested grant may lengthen the lease, never shorten the outer one's
+  if redis.call('PTTL', KEYS[1]) < tonumber(ARGV[2]) then
+    redis.call('PEXPIRE', KEYS[1], ARGV[2])
+  end
   local period = redis.call('HMGET', KEYS[1], '~fence', '~token')
   return {tonumber(period[1]), depth, period[2]}
 end
