@@ -170,19 +170,20 @@ class Registry:
 
     def _make_switch(self, spec: Mapping[str, Any], environ: Mapping[str, str]) -> Switch:
         _unknown(spec, _SWITCH_KEYS, "switch")
-        for key in ("force", "disable"):
-            names = spec.get(key)
-            for name in [names] if isinstance(names, str) else names or []:
+        forced, disabled = spec.get("force"), spec.get("disable") or []
+        if forced is not None and not isinstance(forced, str):
+            raise ConfigError("switch.force: must be one backend name")
+        if not isinstance(disabled, list) or not all(isinstance(n, str) for n in disabled):
+            raise ConfigError('switch.disable: must be a list of backend names, e.g. ["redis"]')
+        for key, names in (("force", [forced] if forced else []), ("disable", disabled)):
+            for name in names:
                 if name not in self._backends:
                     raise ConfigError(f"switch.{key}: unknown backend {name!r}")
         # the config's own force/disable is the lowest layer, like the environment (which
         # replaces it when set): the watched file and code can still override it
         base: Mapping[str, str] = environ
         if not any(environ.get(name) for name in ("LOCKS_FORCE", "LOCKS_DISABLE")):
-            base = {
-                "LOCKS_FORCE": spec.get("force") or "",
-                "LOCKS_DISABLE": ",".join(spec.get("disable") or []),
-            }
+            base = {"LOCKS_FORCE": forced or "", "LOCKS_DISABLE": ",".join(disabled)}
         try:
             return Switch(
                 file=spec.get("file"),

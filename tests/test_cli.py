@@ -45,6 +45,7 @@ def test_switch_commands_drive_a_watching_switch(tmp_path: Path) -> None:
         assert switch.state.forced is None
         assert main(["switch", "--file", str(path), "clear"]) == 0
         assert settles(lambda: switch.state.disabled == frozenset())
+        assert not path.exists()  # the environment and the config decide again
         assert main(["switch", "--file", str(path), "show"]) == 0
         assert main(["switch", "--file", str(path), "force", "a", "b"]) == 2
         assert main(["switch", "--file", str(path), "force", "bad\nname"]) == 2
@@ -221,6 +222,21 @@ def test_switch_finds_its_file_in_the_config(tmp_path: Path) -> None:
     )
     assert main(["switch", "--config", str(config), "force", "local"]) == 0
     assert tomllib.loads(switch_file.read_text()) == {"force": "local"}
+    assert main(["switch", "--config", str(config), "disable", "redos"]) == 2  # a typo
+    assert tomllib.loads(switch_file.read_text()) == {"force": "local"}  # untouched
     assert not list(switch_file.parent.glob(".switch.toml.*"))  # no temporary left behind
     bare = write_config(tmp_path, 'local = { type = "local" }', '["local"]')
     assert main(["switch", "--config", str(bare), "clear"]) == 1  # no file named anywhere
+
+
+def test_the_command_runs_with_no_server_client_installed(tmp_path: Path) -> None:
+    """`pip install fallback-locks` alone: no redis, kazoo or SQLAlchemy to import."""
+    hide = "import sys; sys.modules.update(dict.fromkeys(['redis', 'kazoo', 'sqlalchemy']))"
+    switch = tmp_path / "switch.toml"
+    for argv in (["--help"], ["switch", "--file", str(switch), "disable", 'odd"name']):
+        code = f"{hide}; from locks.cli import main; sys.exit(main({argv!r}))"
+        done = subprocess.run(
+            [sys.executable, "-c", code], check=False, capture_output=True, text=True
+        )
+        assert done.returncode == 0, done.stderr
+    assert tomllib.loads(switch.read_text()) == {"disable": ['odd"name']}

@@ -56,6 +56,14 @@ BAD: list[tuple[dict[str, Any], str]] = [
     ({"backends": {"a": {"type": "local"}}, "switch": {"force": "b"}}, "switch.force: unknown"),
     ({"switch": {"disable": ["zk"]}}, "switch.disable: unknown backend 'zk'"),
     ({"switch": {"every": 1}}, "switch.every: unknown key"),
+    (
+        {"backends": {"redis": {"type": "local"}}, "switch": {"disable": "redis"}},
+        r"switch.disable: must be a list of backend names",
+    ),
+    (
+        {"backends": {"a": {"type": "local"}}, "switch": {"force": ["a"]}},
+        "switch.force: must be one backend name",
+    ),
     ({"backends": {"r": {"type": "redis", "url": "redis://:${NOPE}@h/0"}}}, "NOPE is not set"),
 ]
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import importlib.util
+import json
 import os
 import sys
 import tempfile
@@ -89,8 +90,13 @@ def _inline(value: Any) -> str:
     if isinstance(value, list):
         return "[" + ", ".join(_inline(v) for v in value) + "]"
     if isinstance(value, str):
-        return '"' + value.replace("\\", "\\\\").replace('"', '\\"') + '"'
+        return toml_string(value)
     return str(value)
+
+
+def toml_string(value: str) -> str:
+    """A TOML basic string: JSON's escaping is valid TOML for every character."""
+    return json.dumps(value, ensure_ascii=False)
 
 
 def config_path(explicit: str | None) -> Path | None:

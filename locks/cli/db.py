@@ -7,7 +7,6 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from locks.backends.database import DatabaseProvider
 from locks.cli.common import add_config_option, load, note
 
 
@@ -24,6 +23,9 @@ def register(commands: Any) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    # here, not at the top: the other commands must work without SQLAlchemy installed
+    from locks.backends.database import DatabaseProvider  # noqa: PLC0415
+
     loaded = load(args.config)
     registry = loaded.registry
     try:

@@ -2,11 +2,13 @@
 
     locks switch force db                 # every tier but db is skipped
     locks switch disable redis zk         # these tiers are skipped
-    locks switch clear                    # back to the configured chains
+    locks switch clear                    # remove the file: the environment and config decide
     locks switch show
 
-The file is the one the configuration's `[switch] file` names, or `--file`. It is written
-atomically (a temporary sibling, then a rename), so a watcher never reads half of it.
+The file is the one `--file` names, else $LOCKS_SWITCH_FILE, else the configuration's
+`[switch] file`. It is written atomically (a temporary sibling, then a rename), so a
+watcher never reads half of it. When a configuration is found, the names are checked
+against its backends first.
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ import tomllib
 from pathlib import Path
 from typing import Any
 
-from locks.cli.common import add_config_option, config_path
+from locks.cli.common import add_config_option, config_path, toml_string
 from locks.errors import ConfigError
 from locks.names import check_name
 
@@ -73,6 +75,17 @@ def write_atomically(path: Path, text: str) -> None:
         raise
 
 
+def configured_backends(args: argparse.Namespace) -> list[str] | None:
+    """The backend names of the configuration, if one is found (read, not loaded)."""
+    config = config_path(args.config)
+    if config is None:
+        return None
+    try:
+        return list(tomllib.loads(config.read_text()).get("backends", {}))
+    except (OSError, tomllib.TOMLDecodeError) as exc:
+        raise ConfigError(f"cannot read config {str(config)!r}: {exc}") from exc
+
+
 def run(args: argparse.Namespace) -> int:
     path = switch_file(args)
     if args.action == "show":
@@ -80,18 +93,26 @@ def run(args: argparse.Namespace) -> int:
         return 0
     for name in args.names:
         check_name(name, "backend name")
+    known = configured_backends(args)
+    unknown = [name for name in args.names if known is not None and name not in known]
+    if unknown:
+        raise ValueError(f"unknown backend {unknown[0]!r} (configured: {', '.join(known or [])})")
+    if args.action == "clear":
+        if args.names:
+            raise ValueError("clear takes no backend names")
+        # an empty file would still be a layer that allows everything, over the
+        # environment and the config; without the file they decide again
+        path.unlink(missing_ok=True)
+        print(f"{path}: removed; the environment and the configuration decide")
+        return 0
     if args.action == "force":
         if len(args.names) != 1:
             raise ValueError("force takes exactly one backend name")
-        text = f'force = "{args.names[0]}"\n'
-    elif args.action == "disable":
+        text = f"force = {toml_string(args.names[0])}\n"
+    else:  # disable
         if not args.names:
             raise ValueError("disable takes one or more backend names")
-        text = "disable = [" + ", ".join(f'"{name}"' for name in args.names) + "]\n"
-    else:  # clear
-        if args.names:
-            raise ValueError("clear takes no backend names")
-        text = "# nothing forced or disabled\n"
+        text = "disable = [" + ", ".join(toml_string(name) for name in args.names) + "]\n"
     tomllib.loads(text)  # what we write must parse
     write_atomically(path, text)
     print(f"{path}: {text.strip()}")
