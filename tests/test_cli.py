@@ -88,6 +88,15 @@ def write_config(tmp_path: Path, backends: str, chain: str) -> Path:
     return config
 
 
+def redis_then_db(tmp_path: Path, redis: RedisServer, mariadb: MariaDBServer) -> Path:
+    return write_config(
+        tmp_path,
+        f'redis = {{ type = "redis-hash", url = "{redis.url}" }}\n'
+        f'db = {{ type = "database", url = "{mariadb.url}" }}',
+        '["redis", "db"]',
+    )
+
+
 def test_demo_on_the_embedded_default_oversells_without_the_lock_and_never_with_it(
     tmp_path: Path,
     monkeypatch: pytest.MonkeyPatch,
@@ -112,12 +121,7 @@ def test_demo_on_the_embedded_default_oversells_without_the_lock_and_never_with_
 def test_demo_moves_to_the_database_when_redis_is_killed_mid_run(
     tmp_path: Path, redis_server: RedisServer, mariadb_server: MariaDBServer
 ) -> None:
-    config = write_config(
-        tmp_path,
-        f'redis = {{ type = "redis-hash", url = "{redis_server.url}" }}\n'
-        f'db = {{ type = "database", url = "{mariadb_server.url}" }}',
-        '["redis", "db"]',
-    )
+    config = redis_then_db(tmp_path, redis_server, mariadb_server)
     command = [sys.executable, "-m", "locks", "demo", "--config", str(config),
                "--workers", "2", "--stock", "600", "--work", "5"]  # fmt: skip
     with subprocess.Popen(command, stdout=subprocess.PIPE, text=True) as demo:
@@ -167,12 +171,7 @@ def test_inspect_shows_the_holder_on_each_backend(
     mariadb_server: MariaDBServer,
     capsys: pytest.CaptureFixture[str],
 ) -> None:
-    config = write_config(
-        tmp_path,
-        f'redis = {{ type = "redis-hash", url = "{redis_server.url}" }}\n'
-        f'db = {{ type = "database", url = "{mariadb_server.url}" }}',
-        '["redis", "db"]',
-    )
+    config = redis_then_db(tmp_path, redis_server, mariadb_server)
     registry = from_config(config)
     try:
         name = f"order:{uuid.uuid4().hex}"

@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from locks.cli import UNAVAILABLE, USAGE
-from locks.cli.common import add_config_option, backend_type, load, note, table
+from locks.cli.common import backend_type, command, load, note, table
 from locks.config import Registry
 from locks.errors import BackendUnavailable
 from locks.measure import Figures, measure_provider
@@ -51,13 +51,13 @@ def _positive(text: str) -> int:
 
 
 def register(commands: Any) -> None:
-    parser = commands.add_parser(
+    parser = command(
+        commands,
         "bench",
-        help="measure each backend: cycles/s, hand-off and acquire latency",
-        description=__doc__,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
+        "measure each backend: cycles/s, hand-off and acquire latency",
+        __doc__,
+        run,
     )
-    add_config_option(parser)
     parser.add_argument(
         "--backends",
         metavar="NAME,...",
@@ -84,7 +84,6 @@ def register(commands: Any) -> None:
         type=Path,
         help="also draw the figures to a PNG (needs the 'plot' extra: matplotlib)",
     )
-    parser.set_defaults(run=run)
 
 
 @dataclass(frozen=True)

@@ -5,14 +5,14 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
+from locks.cli.common import command
 from locks.config import from_config
 
 
 def register(commands: Any) -> None:
-    parser = commands.add_parser("check", help="validate a configuration (no I/O)",
-                                 description=__doc__)  # fmt: skip
+    parser = command(commands, "check", "validate a configuration (no I/O)", __doc__, run,
+                     config=False)  # fmt: skip
     parser.add_argument("config", help="the TOML file")
-    parser.set_defaults(run=run)
 
 
 def run(args: argparse.Namespace) -> int:

@@ -10,7 +10,7 @@ import sys
 import tempfile
 import time
 import tomllib
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -45,6 +45,28 @@ class Loaded:
     source: str  # a path, or "embedded default"
     path: Path | None  # the TOML file (written out for the embedded default), for workers
     notes: list[str]
+
+
+def command(
+    commands: Any,
+    name: str,
+    summary: str,
+    doc: str | None,
+    run: Callable[[argparse.Namespace], int],
+    *,
+    config: bool = True,
+) -> argparse.ArgumentParser:
+    """A subcommand whose --help shows its module's docstring as written, with --config."""
+    parser: argparse.ArgumentParser = commands.add_parser(
+        name,
+        help=summary,
+        description=doc,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    if config:
+        add_config_option(parser)
+    parser.set_defaults(run=run)
+    return parser
 
 
 def add_config_option(parser: argparse.ArgumentParser) -> None:

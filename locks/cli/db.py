@@ -7,19 +7,15 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from locks.cli.common import add_config_option, load, note
+from locks.cli.common import command, load, note
 
 
 def register(commands: Any) -> None:
-    parser = commands.add_parser(
-        "db",
-        help="database backend chores (init: create the lock table)",
-        description=__doc__,
+    parser = command(
+        commands, "db", "database backend chores (init: create the lock table)", __doc__, run
     )
     parser.add_argument("action", choices=["init"])
     parser.add_argument("--backend", metavar="NAME", help="only this database backend")
-    add_config_option(parser)
-    parser.set_defaults(run=run)
 
 
 def run(args: argparse.Namespace) -> int:

@@ -28,7 +28,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from locks.cli.common import DEFAULT_SCENARIO, add_config_option, load, milliseconds, probe, table
+from locks.cli.common import DEFAULT_SCENARIO, command, load, milliseconds, probe, table
 from locks.config import Registry, from_config
 from locks.events import Event, EventKind, add_observer
 
@@ -36,20 +36,15 @@ SPAWN = multiprocessing.get_context("spawn")  # workers start clean: no inherite
 
 
 def register(commands: Any) -> None:
-    parser = commands.add_parser(
-        "demo",
-        help="oversell with no lock, then none through a scenario's lock",
-        description=__doc__,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
+    parser = command(
+        commands, "demo", "oversell with no lock, then none through a scenario's lock", __doc__, run
     )
-    add_config_option(parser)
     parser.add_argument("--scenario", help=f"the scenario to lock with (default: "
                         f"{DEFAULT_SCENARIO!r} if configured, else the first)")  # fmt: skip
     parser.add_argument("--workers", type=int, default=4, help="worker processes (default 4)")
     parser.add_argument("--stock", type=int, default=100, help="items to sell (default 100)")
     parser.add_argument("--work", type=float, default=2.0, metavar="MS",
                         help="milliseconds of work between read and write (default 2)")  # fmt: skip
-    parser.set_defaults(run=run)
 
 
 # -- the shop every worker shares --------------------------------------------------------

@@ -11,22 +11,15 @@ import argparse
 from typing import Any
 
 from locks.cli import UNAVAILABLE
-from locks.cli.common import add_config_option, backend_type, load, note, table
+from locks.cli.common import backend_type, command, load, note, table
 from locks.errors import BackendUnavailable
 from locks.names import check_name
 from locks.provider import Holder
 
 
 def register(commands: Any) -> None:
-    parser = commands.add_parser(
-        "inspect",
-        help="who holds a lock on each backend",
-        description=__doc__,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
+    parser = command(commands, "inspect", "who holds a lock on each backend", __doc__, run)
     parser.add_argument("name", help="the lock name, exactly as the application passes it")
-    add_config_option(parser)
-    parser.set_defaults(run=run)
 
 
 def describe(holder: Holder | None) -> list[str]:

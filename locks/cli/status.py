@@ -13,7 +13,7 @@ from typing import Any
 
 from locks.cli.common import (
     Probe,
-    add_config_option,
+    command,
     load,
     milliseconds,
     note,
@@ -25,14 +25,13 @@ from locks.config import Registry
 
 
 def register(commands: Any) -> None:
-    parser = commands.add_parser(
+    command(
+        commands,
         "status",
-        help="reachability, latency, breaker and switch state per backend",
-        description=__doc__,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
+        "reachability, latency, breaker and switch state per backend",
+        __doc__,
+        run,
     )
-    add_config_option(parser)
-    parser.set_defaults(run=run)
 
 
 def breaker_states(registry: Registry, probes: dict[str, Probe]) -> dict[str, str]:

@@ -20,7 +20,7 @@ import tomllib
 from pathlib import Path
 from typing import Any
 
-from locks.cli.common import add_config_option, config_path, toml_string
+from locks.cli.common import command, config_path, toml_string
 from locks.errors import ConfigError
 from locks.names import check_name
 
@@ -28,20 +28,13 @@ SWITCH_FILE_ENV = "LOCKS_SWITCH_FILE"
 
 
 def register(commands: Any) -> None:
-    parser = commands.add_parser(
-        "switch",
-        help="force or disable backends at run time",
-        description=__doc__,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
+    parser = command(commands, "switch", "force or disable backends at run time", __doc__, run)
     parser.add_argument(
         "--file",
         help=f"the switch file (default: ${SWITCH_FILE_ENV}, else [switch] file of the config)",
     )
-    add_config_option(parser)
     parser.add_argument("action", choices=["force", "disable", "clear", "show"])
     parser.add_argument("names", nargs="*", help="backend names")
-    parser.set_defaults(run=run)
 
 
 def switch_file(args: argparse.Namespace) -> Path:
