@@ -129,12 +129,12 @@ SELECT 1 FROM {t} WHERE name = :name AND owner = :owner AND fence = :fence
 AND expires_at > {now}
 """
 
-# rows of holders that died: expired for longer than the grace
 _HOLDER = """
 SELECT owner, depth, fence, expires_at - {now} FROM {t}
 WHERE name = :name AND expires_at > {now}
 """
 
+# rows of holders that died: expired for longer than the grace
 _PURGE = "DELETE FROM {t} WHERE expires_at < {now} - :grace_us"
 
 

@@ -199,8 +199,7 @@ class ZooKeeperProvider(ProviderBase):
         reply was lost can still be found, with the owner as its data (for `holder`).
         The children are listed in the same round trip: ZooKeeper answers one session's
         requests in order, so the list sent right behind the create already holds our
-        node. Returns path, czxid (the fence) and the
-        children."""
+        node. Returns path, czxid (the fence) and the children."""
         for _ in range(3):
             try:
                 with self._translated(ambiguous=True, key=key, token=token):

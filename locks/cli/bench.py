@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from locks.cli import UNAVAILABLE, USAGE
-from locks.cli.common import backend_type, command, load, note, table
+from locks.cli.common import command, load, note, probe, table
 from locks.config import Registry
 from locks.errors import BackendUnavailable
 from locks.measure import Figures, measure_provider
@@ -130,19 +130,19 @@ def measure_all(registry: Registry, names: list[str], cycles: int, samples: int)
     """Figures for each backend that answers; the others are named on stderr."""
     rows = []
     for name in names:
-        provider = registry.backend(name)
-        try:
-            provider.ping()
-        except BackendUnavailable as exc:
-            note(f"{name}: skipped, it did not answer a ping: {exc}")
+        answer = probe(registry, name)
+        if not answer.reachable:
+            note(f"{name}: skipped, it did not answer a ping: {answer.error}")
             continue
         note(f"measuring {name} ...")
         try:
-            figures = measure_provider(provider, cycles=cycles, samples=samples, ttl=TTL)
+            figures = measure_provider(
+                registry.backend(name), cycles=cycles, samples=samples, ttl=TTL
+            )
         except BackendUnavailable as exc:
             note(f"{name}: skipped, it stopped answering during the run: {exc}")
             continue
-        rows.append(Row(name, backend_type(registry, name), figures))
+        rows.append(Row(name, answer.type, figures))
     return rows
 
 

@@ -204,3 +204,16 @@ def switch_verdict(registry: Registry, name: str) -> str:
 
 def milliseconds(seconds: float | None) -> str:
     return "-" if seconds is None else f"{seconds * 1000:.1f} ms"
+
+
+def write_atomically(path: Path, text: str) -> None:
+    """Watchers must never read half a file: write a sibling, then rename over."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    handle, temporary = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
+    try:
+        with os.fdopen(handle, "w") as out:
+            out.write(text)
+        os.replace(temporary, path)
+    except BaseException:
+        Path(temporary).unlink(missing_ok=True)
+        raise

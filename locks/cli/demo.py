@@ -28,7 +28,15 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from locks.cli.common import DEFAULT_SCENARIO, command, load, milliseconds, probe, table
+from locks.cli.common import (
+    DEFAULT_SCENARIO,
+    command,
+    load,
+    milliseconds,
+    probe,
+    table,
+    write_atomically,
+)
 from locks.config import Registry, from_config
 from locks.events import Event, EventKind, add_observer
 
@@ -67,9 +75,7 @@ class Shop:
 
     def write_stock(self, count: int) -> None:
         # atomic, so an unlocked reader sees an old count or a new one, never half of one
-        temporary = self.stock_file.with_suffix(f".{os.getpid()}")
-        temporary.write_text(str(count))
-        os.replace(temporary, self.stock_file)
+        write_atomically(self.stock_file, str(count))
 
     def record(self, *words: str) -> None:
         line = (" ".join(words).replace("\n", " ") + "\n").encode()

@@ -15,12 +15,11 @@ from __future__ import annotations
 
 import argparse
 import os
-import tempfile
 import tomllib
 from pathlib import Path
 from typing import Any
 
-from locks.cli.common import command, config_path, toml_string
+from locks.cli.common import command, config_path, toml_string, write_atomically
 from locks.errors import ConfigError
 from locks.names import check_name
 
@@ -53,19 +52,6 @@ def switch_file(args: argparse.Namespace) -> Path:
     raise ConfigError(
         f"no switch file: pass --file, set ${SWITCH_FILE_ENV}, or set [switch] file in the config"
     )
-
-
-def write_atomically(path: Path, text: str) -> None:
-    """Watchers must never read half a file: write a sibling, then rename over."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    handle, temporary = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
-    try:
-        with os.fdopen(handle, "w") as out:
-            out.write(text)
-        os.replace(temporary, path)
-    except BaseException:
-        Path(temporary).unlink(missing_ok=True)
-        raise
 
 
 def configured_backends(args: argparse.Namespace) -> list[str] | None:
