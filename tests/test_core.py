@@ -18,7 +18,8 @@ from locks.backends import LocalProvider, RedisHashProvider
 from locks.events import Event, EventKind, add_observer, remove_observer
 from locks.names import check_name, check_ttl, check_wait
 from locks.owner import current_owner, in_this_process
-from locks.watchdog import watchdog
+from locks.provider import LeaseState
+from locks.watchdog import Watchdog, watchdog
 from tests.servers import RedisServer
 
 
@@ -225,6 +226,79 @@ def test_release_stops_renewal_before_it_returns(redis_hash: RedisHashProvider, 
     assert watchdog().watching(lease)
     redis_hash.release(lease)
     assert not watchdog().watching(lease)
+
+
+def _watchdog_lease(ttl: float, owner: str = "o") -> Lease:
+    now = time.monotonic()
+    return Lease("k", "b", owner, "t", 1, ttl, 1, now, True, LeaseState(now + ttl))
+
+
+class _Renewals:
+    """A renew callback that records when each lease was renewed."""
+
+    def __init__(self) -> None:
+        self.times: dict[int, list[float]] = {}
+        self.after_unwatch: list[float] = []  # how long after `unwatch` a renewal started
+        self.unwatched_at: dict[int, float] = {}
+        self.leases: list[Lease] = []  # kept alive, so no two leases share an id()
+
+    def __call__(self, lease: Lease) -> bool:
+        started = time.monotonic()
+        if id(lease.state) in self.unwatched_at:
+            self.after_unwatch.append(started - self.unwatched_at[id(lease.state)])
+        self.times.setdefault(id(lease.state), []).append(started)
+        return True
+
+    def gaps(self, lease: Lease) -> list[float]:
+        times = [lease.acquired_at, *self.times.get(id(lease.state), [])]
+        return [later - earlier for earlier, later in zip(times, times[1:], strict=False)]
+
+
+def test_a_short_lease_wakes_a_watchdog_that_sleeps_for_a_long_one() -> None:
+    dog, renewals = Watchdog(), _Renewals()  # its own thread, apart from the process's
+    dog.watch(_watchdog_lease(30.0), renewals, None)
+    time.sleep(0.05)  # the thread now sleeps until the long lease is due in 10 s
+    short = _watchdog_lease(0.3)
+    dog.watch(short, renewals, None)
+    time.sleep(0.5)
+    dog.unwatch(short)
+    gaps = renewals.gaps(short)
+    assert len(gaps) >= 3 and max(gaps) < short.ttl, gaps
+
+
+def test_the_watchdog_renews_in_time_while_threads_churn_leases() -> None:
+    """`watch` and `unwatch` take no lock: every renewal must still come before expiry,
+    and none may start after `unwatch` returned, while eight threads churn leases."""
+    dog, renewals = Watchdog(), _Renewals()
+    held: list[Lease] = []  # ttl 0.3 s: renewed every 0.1 s
+    stop = threading.Event()
+
+    def churn(worker: int) -> None:
+        while not stop.is_set():
+            lease = _watchdog_lease(30.0 if worker % 2 else 0.03)  # 0.03: due while held
+            renewals.leases.append(lease)
+            dog.watch(lease, renewals, None)
+            time.sleep(0.0005 if worker % 2 else 0.02)
+            dog.unwatch(lease)
+            renewals.unwatched_at[id(lease.state)] = time.monotonic()
+
+    workers = [threading.Thread(target=churn, args=(n,)) for n in range(8)]
+    for worker in workers:
+        worker.start()
+    for n in range(4):
+        time.sleep(0.1)
+        held.append(_watchdog_lease(0.3, str(n)))
+        dog.watch(held[-1], renewals, None)
+    time.sleep(1.5)
+    stop.set()
+    for worker in workers:
+        worker.join()
+    for lease in held:
+        dog.unwatch(lease)
+        gaps = renewals.gaps(lease)
+        assert len(gaps) >= 10 and max(gaps) < lease.ttl, gaps
+    assert len(renewals.leases) > 1000
+    assert [after for after in renewals.after_unwatch if after > 0.001] == []
 
 
 def test_a_fixed_ttl_lease_is_never_renewed(redis_hash: RedisHashProvider, key: str) -> None:
