@@ -3,6 +3,7 @@ handle, events, the watchdog's bookkeeping."""
 
 from __future__ import annotations
 
+import itertools
 import os
 import subprocess
 import sys
@@ -17,7 +18,7 @@ from locks import Capabilities, Lease, LockLost, LockNotOwned, LockTimeout
 from locks.backends import LocalProvider, RedisHashProvider
 from locks.events import Event, EventKind, add_observer, remove_observer
 from locks.names import check_name, check_ttl, check_wait
-from locks.owner import current_owner, in_this_process
+from locks.owner import current_owner, in_this_process, new_token
 from locks.provider import LeaseState
 from locks.watchdog import Watchdog, watchdog
 from tests.servers import RedisServer
@@ -69,6 +70,19 @@ def redis_hash(redis_server: RedisServer) -> Iterator[RedisHashProvider]:
     provider = RedisHashProvider(redis_server.url)
     yield provider
     provider.close()
+
+
+def test_a_forked_child_draws_tokens_of_its_own() -> None:
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        os.write(write, new_token().encode())
+        os._exit(0)
+    os.close(write)
+    os.waitpid(pid, 0)
+    childs = os.read(read, 100).decode()
+    os.close(read)
+    assert len(childs) == 32 and childs != new_token()  # equal if the sequence were shared
 
 
 def test_a_forked_child_never_believes_it_holds_its_parents_lock(
@@ -251,7 +265,7 @@ class _Renewals:
 
     def gaps(self, lease: Lease) -> list[float]:
         times = [lease.acquired_at, *self.times.get(id(lease.state), [])]
-        return [later - earlier for earlier, later in zip(times, times[1:], strict=False)]
+        return [later - earlier for earlier, later in itertools.pairwise(times)]
 
 
 def test_a_short_lease_wakes_a_watchdog_that_sleeps_for_a_long_one() -> None:

@@ -4,10 +4,14 @@ server dies or turns read-only, and the minimal grant."""
 
 from __future__ import annotations
 
+import os
+import threading
 import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
+from typing import Any
 
+import pymysql  # type: ignore[import-untyped]  # no stubs in the dev extra
 import pytest
 import sqlalchemy as sa
 
@@ -118,6 +122,7 @@ def test_a_killed_mariadb_is_reported_then_the_provider_recovers(
 ) -> None:
     lease = db.acquire(key, ttl=30)
     assert lease is not None
+    _hold_connections(db, key, 4)  # four idle connections, all to die with the server
     mariadb_server.kill()
     started = time.monotonic()
     with pytest.raises(BackendUnavailable) as caught:
@@ -127,8 +132,8 @@ def test_a_killed_mariadb_is_reported_then_the_provider_recovers(
     assert mariadb_server.address in str(caught.value)
     assert mariadb_server.password not in str(caught.value)
     mariadb_server.start()
-    # the pool drops its dead connections after at most one failed statement
-    for _ in range(3):
+    # one dead connection found, the pool drops the other idle ones: one failure at most
+    for _ in range(2):
         try:
             again = db.acquire(key + ":3", ttl=30)
             break
@@ -139,6 +144,95 @@ def test_a_killed_mariadb_is_reported_then_the_provider_recovers(
     assert again is not None
     db.release(again)
     db.release(lease)  # the row survived the restart: InnoDB is durable
+
+
+def _hold_connections(db: DatabaseProvider, key: str, count: int) -> None:
+    """Leave `count` connections idle in the pool: as many threads in one statement."""
+    together = threading.Barrier(count)
+
+    def take(n: int) -> None:
+        together.wait()
+        lease = db.acquire(f"{key}:held:{n}", ttl=30)
+        assert lease is not None
+        together.wait()  # all of them hold a lease, each took its own connection
+        db.release(lease)
+
+    with ThreadPoolExecutor(max_workers=count) as pool:
+        list(pool.map(take, range(count)))
+
+
+def test_an_engine_passed_in_gets_each_statement_committed(
+    mariadb_server: MariaDBServer, key: str
+) -> None:
+    engine = sa.create_engine(mariadb_server.url)  # transactional: no autocommit asked for
+    ours, other = DatabaseProvider(engine=engine), DatabaseProvider(mariadb_server.url)
+    lease = ours.acquire(key, ttl=30)
+    assert lease is not None
+    with ThreadPoolExecutor(max_workers=1) as other_owner:
+        try_other = lambda: other.acquire(key, ttl=30, wait=0)  # noqa: E731
+        assert other_owner.submit(try_other).result() is None  # the row is committed
+        ours.release(lease)
+        successor = other_owner.submit(try_other).result()  # and so is its deletion
+        assert successor is not None
+        other_owner.submit(other.release, successor).result()
+    ours.close()
+    other.close()
+    engine.dispose()
+
+
+def test_a_pool_with_every_connection_busy_reports_unavailable_after_pool_timeout(
+    mariadb_server: MariaDBServer, key: str
+) -> None:
+    db = DatabaseProvider(mariadb_server.url, pool_size=1, pool_timeout=0.3)  # 2 at most
+    db.release(db.acquire(key + ":warm", ttl=30) or pytest.fail("not acquired"))
+    blocker = pymysql.connect(**_pymysql_args(mariadb_server), autocommit=False)
+    with blocker.cursor() as cursor:  # an uncommitted row: inserts of its name wait on it
+        cursor.execute(
+            "INSERT INTO locks (name, owner, token, depth, fence, expires_at, acquired_at)"
+            " VALUES (%s, 'blocker', 'blocker', 1, 1, 0, 0)",
+            (key,),
+        )
+    with ThreadPoolExecutor(max_workers=2) as stuck:
+        waiting = [stuck.submit(db.acquire, key, ttl=30, wait=0) for _ in range(2)]
+        time.sleep(0.3)  # both connections are now in an INSERT that waits
+        started = time.monotonic()
+        with pytest.raises(BackendUnavailable, match="busy") as caught:
+            db.acquire(key + ":other", ttl=30)
+        assert 0.25 < time.monotonic() - started < 2.0
+        assert mariadb_server.address in str(caught.value)
+        assert not caught.value.ambiguous  # nothing was sent
+        blocker.rollback()  # the row never was: one waiter inserts, the other finds it
+        outcomes = [future.result() for future in waiting]
+    granted = [lease for lease in outcomes if lease is not None]
+    assert len(granted) == 1
+    db.release(granted[0])
+    blocker.close()
+    db.close()
+
+
+def test_a_forked_child_opens_its_own_connections(db: DatabaseProvider, key: str) -> None:
+    """The child must not speak on its parent's sockets: both run at once here, and a
+    shared connection would mix up their replies."""
+    db.release(db.acquire(key, ttl=30) or pytest.fail("not acquired"))  # one idle connection
+    pid = os.fork()
+    if pid == 0:
+        code = 1
+        try:
+            for _ in range(200):
+                db.release(db.acquire(key + ":child", ttl=30) or pytest.fail("not acquired"))
+            code = 0
+        finally:
+            os._exit(code)
+    for _ in range(200):
+        db.release(db.acquire(key + ":parent", ttl=30) or pytest.fail("not acquired"))
+    _, status = os.waitpid(pid, 0)
+    assert os.WEXITSTATUS(status) == 0
+
+
+def _pymysql_args(server: MariaDBServer) -> dict[str, Any]:
+    host, port = server.address.rsplit(":", 1)
+    return {"host": host, "port": int(port), "user": "locks", "password": server.password,
+            "database": "locks", "ssl_disabled": True}  # fmt: skip
 
 
 def test_a_read_only_server_gives_a_clear_error_and_writes_nothing(
