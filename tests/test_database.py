@@ -9,6 +9,7 @@ import threading
 import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 from typing import Any
 
 import pymysql  # type: ignore[import-untyped]  # no stubs in the dev extra
@@ -284,16 +285,23 @@ def test_a_sqlite_file_is_created_and_shared(sqlite_file: SQLiteFile, key: str) 
     second.close()
 
 
-def test_bad_settings_are_refused_before_connecting() -> None:
+def test_bad_settings_are_refused_before_connecting(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match="table"):
-        DatabaseProvider("sqlite://", table="")
+        DatabaseProvider("sqlite:///x.db", table="")
     with pytest.raises(ValueError, match="purge_after"):
-        DatabaseProvider("sqlite://", purge_after=0)
+        DatabaseProvider("sqlite:///x.db", purge_after=0)
+    with pytest.raises(ValueError, match="pool_size"):
+        DatabaseProvider("sqlite:///x.db", pool_size=0)
     with pytest.raises(TypeError, match="engine"):
         DatabaseProvider(engine=object())  # type: ignore[arg-type]
-    engine = sa.create_engine("sqlite://")
-    provider = DatabaseProvider(engine=engine)
-    assert provider.address == "sqlite::memory:"
+    for memory in ("sqlite://", "sqlite:///:memory:", "sqlite:///file:m?mode=memory&uri=true"):
+        with pytest.raises(ValueError, match=r"^url: an in-memory SQLite"):
+            DatabaseProvider(memory)
+    with pytest.raises(ValueError, match=r"^engine: an in-memory SQLite"):
+        DatabaseProvider(engine=sa.create_engine("sqlite://"))
+    provider = DatabaseProvider(engine=sa.create_engine(f"sqlite:///{tmp_path}/x.db"))
+    assert provider.address == f"sqlite:{tmp_path}/x.db"
+    assert not (tmp_path / "x.db").exists()  # nothing was opened
 
 
 def test_many_providers_creating_the_table_at_once_all_succeed(

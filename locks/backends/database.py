@@ -216,7 +216,8 @@ class DatabaseProvider(ProviderBase):
         super().__init__(name, watchdog_ttl)
         self.table_name = check_name(table, "table")
         self.purge_after = check_seconds(purge_after, "purge_after")
-        self._owns_engine = engine is None
+        engine_given = engine is not None
+        self._owns_engine = not engine_given
         if engine is None:
             if not isinstance(url, str):
                 raise TypeError(f"url must be a str, not {type(url).__name__}")
@@ -230,6 +231,12 @@ class DatabaseProvider(ProviderBase):
         if dialect not in _CLOCK_US:
             raise ValueError(
                 f"unsupported database {dialect!r}: use MySQL/MariaDB, PostgreSQL or SQLite"
+            )
+        if dialect == "sqlite" and _in_memory(engine.url):
+            raise ValueError(
+                f"{'engine' if engine_given else 'url'}: an in-memory SQLite database "
+                "belongs to one connection and cannot hold locks; use a file such as "
+                "sqlite:///locks.db"
             )
         self._dialect = dialect
         self._mysql = dialect == "mysql"
@@ -473,6 +480,11 @@ def _deadlock_victim(error: BaseException) -> bool:
     rolled back whole."""
     code = error.args[0] if error.args else None
     return code == 1213 or getattr(error, "pgcode", None) == "40P01"
+
+
+def _in_memory(url: sa.engine.URL) -> bool:
+    database = url.database or ""
+    return database in ("", ":memory:") or url.query.get("mode") == "memory"
 
 
 def _address(engine: Engine) -> str:
