@@ -3,10 +3,10 @@
 Against a durable MariaDB a lock cycle is two fsynced statements, ~600 µs here, and
 SQLAlchemy's QueuePool added ~25 µs to each checkout (fairies, events, a queue behind a
 Condition): 8 % of the cycle for bookkeeping. Here taking and giving back a connection
-is a list pop and append while nobody waits; LIFO, so the connection just used, with
-its caches warm, serves next. When every connection is busy, takers wait in turn on a
-Condition and the fast path stays closed until the queue is empty, so nobody barges
-past a waiter.
+is a list pop and append while nobody waits (LIFO: the connection just used serves
+next). When every connection is busy, takers wait on a Condition, and the fast path
+stays closed while anyone waits, so a connection given back goes through the Condition,
+which wakes waiters in the order they came.
 
 Connections are made by the engine (its connect events, isolation level and connect
 arguments apply) and then detached from the engine's pool: they count against this
@@ -134,14 +134,18 @@ class ConnectionPool:
 
     def _connect(self) -> Any:
         """A new connection for a place already counted in `_open`."""
+        connection = None
         try:
             proxied = self._engine.raw_connection()
             connection = proxied.dbapi_connection
-            assert connection is not None  # a fresh checkout is connected
             proxied.detach()
+            if connection is None:
+                raise exc.DisconnectionError("the engine handed out a closed connection")
             # an engine passed in may run transactions; our statements commit themselves
             self._engine.dialect.set_isolation_level(connection, "AUTOCOMMIT")
         except BaseException:
+            if connection is not None:
+                _close_quietly(connection)
             with self._cond:
                 self._open -= 1
                 self._cond.notify()
