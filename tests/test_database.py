@@ -230,6 +230,42 @@ def test_a_forked_child_opens_its_own_connections(db: DatabaseProvider, key: str
     assert os.WEXITSTATUS(status) == 0
 
 
+def test_a_release_wakes_a_waiting_thread_of_the_same_process_at_once(
+    db: DatabaseProvider, key: str
+) -> None:
+    """Waiters that have polled for a while sleep 100-200 ms between tries; a release by a
+    thread of the same process must not leave them to sleep it out. Three waiters take
+    the lock in turn, six hand-offs in all."""
+    holder = db.acquire(key, ttl=30)
+    assert holder is not None
+    handoffs: list[float] = []
+    released_at: list[float] = []
+    lock = threading.Lock()
+
+    def wait_then_hold_twice() -> None:
+        for _ in range(2):
+            lease = db.acquire(key, ttl=30, wait=20)
+            assert lease is not None
+            with lock:
+                handoffs.append(time.monotonic() - released_at[-1])
+            time.sleep(0.6)  # the others' backoff grows to its 200 ms ceiling
+            with lock:
+                released_at.append(time.monotonic())
+            db.release(lease)
+
+    waiters = [threading.Thread(target=wait_then_hold_twice) for _ in range(3)]
+    for waiter in waiters:
+        waiter.start()
+    time.sleep(1.5)
+    released_at.append(time.monotonic())
+    db.release(holder)
+    for waiter in waiters:
+        waiter.join(30)
+    assert len(handoffs) == 6
+    # polling alone would make each of these 50-200 ms: all six under 80 ms is wake-ups
+    assert max(handoffs) < 0.08, handoffs
+
+
 def _pymysql_args(server: MariaDBServer) -> dict[str, Any]:
     host, port = server.address.rsplit(":", 1)
     return {"host": host, "port": int(port), "user": "locks", "password": server.password,

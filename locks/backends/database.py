@@ -36,6 +36,7 @@ from sqlalchemy.pool import NullPool
 from sqlalchemy.schema import CreateTable
 
 from locks.backends.dbpool import ConnectionPool
+from locks.backends.wakeups import Wakeups
 from locks.base import Grant, ProviderBase
 from locks.names import check_name, check_seconds
 from locks.provider import Capabilities, Holder, Lease
@@ -269,6 +270,7 @@ class DatabaseProvider(ProviderBase):
         self._create_table = create_table
         self._table_ready = False
         self._setup_lock = threading.Lock()
+        self._wakeups = Wakeups()
         self._releases = 0
 
     # -- setup and errors -----------------------------------------------------------------
@@ -361,25 +363,26 @@ class DatabaseProvider(ProviderBase):
     ) -> Grant | None:
         self._ready()
         params = {"name": key, "owner": owner, "token": token, "ttl_us": round(ttl * 1e6)}
-        delay = 0.01
-        while True:
-            sent_at = time.monotonic()
-            taken = self._take(params, key, token)
-            if taken is not None:
-                fence, depth = taken
-                return Grant(token, fence, depth, sent_at)
-            now = time.monotonic()
-            if deadline is not None and now >= deadline:
-                return None
-            # jittered exponential backoff, 10 ms up to 200 ms, never past the deadline
-            pause = random.uniform(delay / 2, delay)
-            if deadline is not None:
-                pause = min(pause, deadline - now)
-            time.sleep(pause)
-            delay = min(delay * 2, 0.2)
+        grant = self._take(params, key, token)
+        if grant is not None or (deadline is not None and time.monotonic() >= deadline):
+            return grant
+        with self._wakeups.waiting(key) as sleep:
+            delay = 0.01
+            while True:
+                # jittered exponential backoff, 10 ms up to 200 ms, never past the
+                # deadline; a release by a thread of this process ends it early
+                pause = random.uniform(delay / 2, delay)
+                if deadline is not None:
+                    pause = min(pause, deadline - time.monotonic())
+                sleep(pause)
+                delay = min(delay * 2, 0.2)
+                grant = self._take(params, key, token)
+                if grant is not None or (deadline is not None and time.monotonic() >= deadline):
+                    return grant
 
-    def _take(self, params: dict[str, Any], key: str, token: str) -> tuple[int, int] | None:
-        """One try: (fence, depth) if this owner holds the lock now, else None."""
+    def _take(self, params: dict[str, Any], key: str, token: str) -> Grant | None:
+        """One try: the grant if this owner holds the lock now, else None."""
+        sent_at = time.monotonic()
         try:
             _, fence, row = self._run(
                 self._insert_sql, params, ambiguous=True, key=key, token=token
@@ -388,14 +391,14 @@ class DatabaseProvider(ProviderBase):
             fence, row = 0, None
         else:
             if self._mysql:
-                return fence, 1  # LAST_INSERT_ID: the new row's fence
+                return Grant(token, fence, 1, sent_at)  # LAST_INSERT_ID: the new row's fence
         if row is None:
             _, packed, row = self._run(
                 self._upsert_sql, params, ambiguous=True, key=key, token=token
             )
             if self._mysql:
-                return divmod(packed, _DEPTH_BITS) if packed else None
-        return (int(row[0]), int(row[1])) if row is not None else None
+                return Grant(token, *divmod(packed, _DEPTH_BITS), sent_at) if packed else None
+        return Grant(token, int(row[0]), int(row[1]), sent_at) if row is not None else None
 
     def _release(self, lease: Lease) -> bool:
         params = {"name": lease.key, "owner": lease.owner, "fence": lease.fence}
@@ -403,15 +406,23 @@ class DatabaseProvider(ProviderBase):
         first, then = self._release_last_sql, self._release_level_sql
         if lease.depth > 1:
             first, then = then, first
-        released = self._run(first, params)[0] == 1 or self._run(then, params)[0] == 1
+        if self._run(first, params)[0] == 1:
+            done: _Statement | None = first
+        else:
+            done = then if self._run(then, params)[0] == 1 else None
+        if done is self._release_last_sql:  # the row is gone: the lock is free
+            self._wakeups.wake(lease.key)
         self._releases += 1
         if self._releases % _PURGE_EVERY == 0:
             self.purge()
-        return released
+        return done is not None
 
     def _release_unknown(self, lease: Lease) -> bool:
         params = {"name": lease.key, "owner": lease.owner, "token": lease.token}
-        return self._run(self._release_token_sql, params)[0] == 1
+        released = self._run(self._release_token_sql, params)[0] == 1
+        if released:
+            self._wakeups.wake(lease.key)
+        return released
 
     def purge(self) -> int:
         """Delete rows expired for longer than `purge_after` (their holders died without
