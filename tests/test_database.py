@@ -5,6 +5,7 @@ server dies or turns read-only, and the minimal grant."""
 from __future__ import annotations
 
 import os
+import signal
 import threading
 import time
 from collections.abc import Iterator
@@ -211,23 +212,102 @@ def test_a_pool_with_every_connection_busy_reports_unavailable_after_pool_timeou
     db.close()
 
 
-def test_a_forked_child_opens_its_own_connections(db: DatabaseProvider, key: str) -> None:
+@pytest.mark.parametrize("given_engine", [False, True], ids=["url", "engine"])
+def test_a_forked_child_opens_its_own_connections(
+    mariadb_server: MariaDBServer, key: str, given_engine: bool
+) -> None:
     """The child must not speak on its parent's sockets: both run at once here, and a
-    shared connection would mix up their replies."""
-    db.release(db.acquire(key, ttl=30) or pytest.fail("not acquired"))  # one idle connection
+    shared connection would mix up their replies. With an engine passed in, the parent
+    also uses that engine's own pool meanwhile, as an application would."""
+    engine = sa.create_engine(mariadb_server.url) if given_engine else None
+    db = DatabaseProvider(mariadb_server.url, engine=engine)
+    db.release(db.acquire(key, ttl=30) or pytest.fail("not acquired"))  # connections pooled
+    if engine is not None:
+        with engine.connect() as connection:  # the application's own, pooled by the engine
+            connection.execute(sa.text("SELECT 1"))
+    held = threading.Thread(target=db._wakeups._lock.acquire)  # held at the fork, for good
+    held.start()
+    held.join()
     pid = os.fork()
     if pid == 0:
         code = 1
         try:
             for _ in range(200):
-                db.release(db.acquire(key + ":child", ttl=30) or pytest.fail("not acquired"))
+                lease = db.acquire(key + ":child", ttl=30) or pytest.fail("not acquired")
+                with ThreadPoolExecutor(max_workers=1) as other_thread:  # waits a moment
+                    assert other_thread.submit(db.acquire, lease.key, wait=0.02).result() is None
+                db.release(lease)
             code = 0
         finally:
             os._exit(code)
     for _ in range(200):
+        if engine is not None:
+            with engine.connect() as connection:
+                connection.execute(sa.text("SELECT 1"))
         db.release(db.acquire(key + ":parent", ttl=30) or pytest.fail("not acquired"))
-    _, status = os.waitpid(pid, 0)
-    assert os.WEXITSTATUS(status) == 0
+    assert _exit_code(pid, within=30.0) == 0
+    db.close()
+    if engine is not None:
+        engine.dispose()
+
+
+def test_a_lease_is_released_even_after_its_provider_closed(
+    mariadb_server: MariaDBServer, key: str
+) -> None:
+    """A service shutting down closes its providers while requests still hold locks: their
+    releases must still reach the database, or the rows stay until they expire."""
+    db = DatabaseProvider(mariadb_server.url)
+    lease = db.acquire(key, ttl=30)
+    assert lease is not None
+    db.close()
+    db.release(lease)
+    assert mariadb_server.sql(f"SELECT COUNT(*) FROM locks.locks WHERE name = '{key}'") == "0"
+
+
+def _exit_code(pid: int, within: float) -> int:
+    """The child's exit code; a child still running after `within` seconds is hung:
+    it is killed and the test fails."""
+    deadline = time.monotonic() + within
+    while time.monotonic() < deadline:
+        done, status = os.waitpid(pid, os.WNOHANG)
+        if done:
+            return os.WEXITSTATUS(status)
+        time.sleep(0.05)
+    os.kill(pid, signal.SIGKILL)
+    os.waitpid(pid, 0)
+    pytest.fail(f"the forked child hung for {within:g} s")
+
+
+def test_threads_queueing_for_a_busy_pool_are_served_in_turn(
+    mariadb_server: MariaDBServer, key: str
+) -> None:
+    """Sixteen threads share two connections for three seconds: none may time out as
+    'unavailable', and none may be starved by threads that give a connection back and
+    take it again at once."""
+    db = DatabaseProvider(mariadb_server.url, pool_size=1, pool_timeout=2.0)
+    cycles = [0] * 16
+    failures: list[BaseException] = []
+    stop = time.monotonic() + 3.0
+
+    def cycle(n: int) -> None:
+        while time.monotonic() < stop:
+            try:
+                lease = db.acquire(f"{key}:{n}", ttl=30)
+                assert lease is not None
+                db.release(lease)
+            except BackendUnavailable as error:
+                failures.append(error)
+                return
+            cycles[n] += 1
+
+    threads = [threading.Thread(target=cycle, args=(n,)) for n in range(16)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    db.close()
+    assert failures == []
+    assert min(cycles) > max(cycles) / 4, cycles  # starved threads got one or none
 
 
 def test_a_release_wakes_a_waiting_thread_of_the_same_process_at_once(

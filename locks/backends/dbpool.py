@@ -4,14 +4,18 @@ Against a durable MariaDB a lock cycle is two fsynced statements, ~600 µs here,
 SQLAlchemy's QueuePool added ~25 µs to each checkout (fairies, events, a queue behind a
 Condition): 8 % of the cycle for bookkeeping. Here taking and giving back a connection
 is a list pop and append while nobody waits (LIFO: the connection just used serves
-next). When every connection is busy, takers wait on a Condition, and the fast path
-stays closed while anyone waits, so a connection given back goes through the Condition,
-which wakes waiters in the order they came.
+next).
+
+When every connection is busy, takers queue up, each with a slot of its own, and a
+connection given back goes into the first slot: not back to the list, where the thread
+that gave it would take it again at once and starve the queue (every other thread
+would time out as "unavailable", the watchdog's renewals with them). While anyone
+queues, the fast path is closed.
 
 Connections are made by the engine (its connect events, isolation level and connect
 arguments apply) and then detached from the engine's pool: they count against this
-pool's limit only. A forked child starts with an empty pool and never touches its
-parent's sockets.
+pool's limit only. A forked child starts with an empty pool and a fresh engine pool,
+and never speaks on its parent's sockets.
 """
 
 from __future__ import annotations
@@ -21,6 +25,7 @@ import os
 import threading
 import time
 import weakref
+from collections import deque
 from typing import Any
 
 from sqlalchemy import exc
@@ -28,6 +33,18 @@ from sqlalchemy.engine import Engine
 
 _pools: weakref.WeakSet[ConnectionPool] = weakref.WeakSet()
 _inherited: list[Any] = []  # in a forked child: the parent's connections, never used
+
+_NEW = object()  # handed to a queued taker: a place is free, open a connection in it
+
+
+class _Slot:
+    """A queued taker's place: what it is handed arrives here, then `ready` is set."""
+
+    __slots__ = ("handed", "ready")
+
+    def __init__(self) -> None:
+        self.handed: Any = None  # (connection, last use), or _NEW
+        self.ready = threading.Event()
 
 
 class ConnectionPool:
@@ -40,34 +57,33 @@ class ConnectionPool:
         self._limit = 2 * size
         self._timeout = timeout
         self._ping_after = ping_after
+        self._closed = False
         self._reset()
         _pools.add(self)
 
     def _reset(self) -> None:
+        self._lock = threading.Lock()
         self._idle: list[tuple[Any, float]] = []  # (connection, monotonic time of last use)
+        self._queue: deque[_Slot] = deque()  # takers waiting, first come first
         self._open = 0  # connections made and not yet closed: idle + in use
-        self._waiting = 0
-        self._closed = False
-        self._cond = threading.Condition(threading.Lock())
 
     def take(self) -> Any:
         """A connection for one statement; `give` it back, or `discard` it if broken.
         Raises the driver's error when a new connection cannot be made, or
         `sqlalchemy.exc.TimeoutError` when all are busy for `timeout` seconds."""
         while True:
-            entry = None
-            if not self._waiting:
-                try:
-                    entry = self._idle.pop()
-                except IndexError:  # none idle (no `if`: another thread may pop between)
-                    entry = None
+            entry = None if self._queue else self._pop_idle()
             if entry is None:
                 entry = self._take_in_turn()
-                if entry is None:
+                if entry is _NEW:
                     return self._connect()
             connection, used_at = entry
-            if time.monotonic() - used_at < self._ping_after or self._alive(connection):
-                return connection
+            try:
+                if time.monotonic() - used_at < self._ping_after or self._alive(connection):
+                    return connection
+            except BaseException:  # interrupted while pinging: the place must not be lost
+                self.discard(connection)
+                raise
             self.discard(connection)  # the server closed it, or restarted: try another
 
     def give(self, connection: Any) -> None:
@@ -75,62 +91,88 @@ class ConnectionPool:
             self.discard(connection)  # closed, or a connection opened for a burst
             return
         self._idle.append((connection, time.monotonic()))
-        if self._waiting:  # read after the append: a waiter counted itself before looking
-            with self._cond:
-                self._cond.notify()
-        if self._closed:  # closed while this was being given back
-            self.discard_idle()
+        # Takers queued (the fast path is closed): the first one gets a connection. A
+        # taker queues itself before it looks at the list, so reading the queue after
+        # the append is enough to never leave a connection idle while someone waits.
+        if self._queue:
+            with self._lock:
+                if self._queue:
+                    entry = self._pop_idle()
+                    if entry is not None:
+                        self._hand(entry)
 
     def discard(self, connection: Any) -> None:
         """Close a connection that may be broken, and free its place."""
         _close_quietly(connection)
-        with self._cond:
-            self._open -= 1
-            self._cond.notify()
+        self._free(1)
 
     def discard_idle(self) -> None:
         """Close every idle connection: after one was found dead, the server most likely
         went away, and each of the others would fail one more statement."""
         idle = []
-        with self._cond:
-            while True:  # pop, not swap the list: `take` and `give` use it without the lock
-                try:
-                    idle.append(self._idle.pop())
-                except IndexError:
-                    break
-            self._open -= len(idle)
-            self._cond.notify_all()
+        with self._lock:
+            # pop, not swap the list: `take` and `give` use it without the lock
+            while (entry := self._pop_idle()) is not None:
+                idle.append(entry)
         for connection, _ in idle:
             _close_quietly(connection)
+        self._free(len(idle))
 
     def close(self) -> None:
-        """Close the idle connections; those in use are closed when given back."""
+        """Close the idle connections. Those in use are closed when given back, and a
+        statement run after `close` (a release, say) gets a connection of its own."""
         self._closed = True
         self.discard_idle()
 
-    def _take_in_turn(self) -> tuple[Any, float] | None:
-        """An idle connection, or None when the caller is to make a new one."""
-        deadline = time.monotonic() + self._timeout
-        with self._cond:
-            self._waiting += 1
-            try:
-                while True:
-                    if self._closed:
-                        raise RuntimeError("the database lock provider was closed")
-                    if self._idle:
-                        return self._idle.pop()
-                    if self._open < self._limit:
-                        self._open += 1
-                        return None
-                    left = deadline - time.monotonic()
-                    if left <= 0:
-                        raise exc.TimeoutError(
-                            f"all {self._limit} connections of the lock provider stayed "
-                            f"busy for {self._timeout:g} s (raise pool_size?)"
-                        )
-                    self._cond.wait(left)
-            finally:
-                self._waiting -= 1
+    def _pop_idle(self) -> tuple[Any, float] | None:
+        # no `if self._idle` first: a taker on the fast path may pop in between
+        try:
+            return self._idle.pop()
+        except IndexError:
+            return None
+
+    def _hand(self, handed: Any) -> None:
+        """Give the first queued taker `handed`; the caller holds `_lock`."""
+        slot = self._queue.popleft()
+        slot.handed = handed
+        slot.ready.set()
+
+    def _free(self, places: int) -> None:
+        """`places` connections are gone: queued takers may open new ones in them."""
+        with self._lock:
+            self._open -= places
+            while places and self._queue:
+                self._open += 1
+                self._hand(_NEW)
+                places -= 1
+
+    def _take_in_turn(self) -> Any:
+        """An idle connection, or _NEW when the caller is to open one, in the order the
+        takers came."""
+        with self._lock:
+            if self._closed:
+                self._open += 1
+                return _NEW
+            slot = _Slot()
+            self._queue.append(slot)  # counted first, then looking: see `give`
+            if self._queue[0] is slot:
+                entry = self._pop_idle()
+                if entry is not None:
+                    self._queue.popleft()
+                    return entry
+                if self._open < self._limit:
+                    self._queue.popleft()
+                    self._open += 1
+                    return _NEW
+        slot.ready.wait(self._timeout)
+        with self._lock:
+            if slot.handed is None:
+                self._queue.remove(slot)
+                raise exc.TimeoutError(
+                    f"all {self._limit} connections of the lock provider stayed busy "
+                    f"for {self._timeout:g} s (raise pool_size?)"
+                )
+        return slot.handed
 
     def _connect(self) -> Any:
         """A new connection for a place already counted in `_open`."""
@@ -146,9 +188,7 @@ class ConnectionPool:
         except BaseException:
             if connection is not None:
                 _close_quietly(connection)
-            with self._cond:
-                self._open -= 1
-                self._cond.notify()
+            self._free(1)
             raise
         return connection
 
@@ -172,10 +212,13 @@ def _close_quietly(connection: Any) -> None:
 
 def _forget_parents_connections() -> None:
     # The sockets belong to the parent. They are kept, not dropped: some drivers' finalizers
-    # (psycopg's) tell the server goodbye, which would end the parent's session.
+    # (psycopg's) tell the server goodbye, which would end the parent's session. An engine
+    # passed in still pools the parent's connections: it gets a fresh pool, as SQLAlchemy
+    # advises for a forked child.
     for pool in list(_pools):
         _inherited.extend(connection for connection, _ in pool._idle)
         pool._reset()
+        pool._engine.dispose(close=False)
 
 
 os.register_at_fork(after_in_child=_forget_parents_connections)

@@ -10,7 +10,9 @@ more try, so nothing here is needed for correctness.
 
 from __future__ import annotations
 
+import os
 import threading
+import weakref
 from collections import deque
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -18,6 +20,10 @@ from contextlib import contextmanager
 
 class Wakeups:
     def __init__(self) -> None:
+        self._reset()
+        _all.add(self)
+
+    def _reset(self) -> None:
         self._lock = threading.Lock()
         self._waiting: dict[str, deque[threading.Event]] = {}
 
@@ -32,10 +38,11 @@ class Wakeups:
             yield lambda seconds: _sleep(event, seconds)
         finally:
             with self._lock:
-                queue = self._waiting[key]
-                queue.remove(event)
-                if not queue:
-                    del self._waiting[key]
+                queue = self._waiting.get(key)
+                if queue is not None and event in queue:  # gone if forked meanwhile
+                    queue.remove(event)
+                    if not queue:
+                        del self._waiting[key]
 
     def wake(self, key: str) -> None:
         """`key` was released here: wake the thread that has waited longest for it."""
@@ -54,3 +61,16 @@ def _sleep(event: threading.Event, seconds: float) -> None:
     if seconds > 0:
         event.wait(seconds)
     event.clear()
+
+
+_all: weakref.WeakSet[Wakeups] = weakref.WeakSet()
+
+
+def _forget_parents_waiters() -> None:
+    # The parent's waiting threads do not exist here, and a lock one of them held at the
+    # fork would stay held for good.
+    for wakeups in list(_all):
+        wakeups._reset()
+
+
+os.register_at_fork(after_in_child=_forget_parents_waiters)
