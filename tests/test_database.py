@@ -264,6 +264,28 @@ def test_a_lease_is_released_even_after_its_provider_closed(
     assert mariadb_server.sql(f"SELECT COUNT(*) FROM locks.locks WHERE name = '{key}'") == "0"
 
 
+def test_a_purge_neither_waits_for_nor_locks_rows_it_does_not_delete(
+    db: DatabaseProvider, mariadb_server: MariaDBServer, key: str
+) -> None:
+    """The purge scans the whole table (no index on expiry). Scanning under REPEATABLE
+    READ it would lock every row it reads and wait for any row another transaction
+    holds: a held lock's row being renewed, say, for up to innodb_lock_wait_timeout."""
+    live = db.acquire(key + ":live", ttl=30)
+    assert live is not None
+    busy = pymysql.connect(**_pymysql_args(mariadb_server), autocommit=False)
+    with busy.cursor() as cursor:  # an open transaction holds the live row
+        cursor.execute("UPDATE locks SET depth = depth WHERE name = %s", (live.key,))
+    purging = ThreadPoolExecutor(max_workers=1)
+    purged = purging.submit(db.purge)
+    try:
+        assert purged.result(timeout=5.0) >= 0
+    finally:
+        busy.rollback()
+        busy.close()
+        purging.shutdown()
+    db.release(live)
+
+
 def _exit_code(pid: int, within: float) -> int:
     """The child's exit code; a child still running after `within` seconds is hung:
     it is killed and the test fails."""

@@ -139,8 +139,9 @@ SELECT owner, depth, fence, expires_at - {now} FROM {t}
 WHERE name = :name AND expires_at > {now}
 """
 
-# rows of holders that died: expired for longer than the grace
-_PURGE = "DELETE FROM {t} WHERE expires_at < {now} - :grace_us"
+# rows of holders that died: expired for longer than the grace (found, then deleted)
+_PURGE_FIND = "SELECT name FROM {t} WHERE expires_at < {now} - :grace_us LIMIT 1000"
+_PURGE = "DELETE FROM {t} WHERE name = :name AND expires_at < {now} - :grace_us"
 
 
 @dataclass(frozen=True)
@@ -266,6 +267,7 @@ class DatabaseProvider(ProviderBase):
         self._is_held_sql = compiled(_IS_HELD)
         self._holder_sql = compiled(_HOLDER)
         self._purge_sql = compiled(_PURGE)
+        self._purge_find_text = _PURGE_FIND.format(**parts)
         self._ping_sql = compiled("SELECT 1")
         self._create_table = create_table
         self._table_ready = False
@@ -426,8 +428,18 @@ class DatabaseProvider(ProviderBase):
 
     def purge(self) -> int:
         """Delete rows expired for longer than `purge_after` (their holders died without
-        releasing, and nobody has taken them over since); returns how many."""
-        return self._run(self._purge_sql, {"grace_us": round(self.purge_after * 1e6)})[0]
+        releasing, and nobody has taken them over since), up to 1000 a call; returns
+        how many."""
+        params: dict[str, Any] = {"grace_us": round(self.purge_after * 1e6)}
+        # Found by a plain read, then deleted one by one by key. A DELETE with the expiry
+        # in its WHERE scans the table (the expiry has no index): InnoDB would lock every
+        # row it reads and wait for any row an open transaction holds.
+        with self._translated(), self.engine.connect() as conn:
+            names = conn.execute(sa.text(self._purge_find_text), params).scalars().all()
+        deleted = 0
+        for name in names:
+            deleted += self._run(self._purge_sql, {**params, "name": name})[0]
+        return deleted
 
     def _extend(self, lease: Lease, ttl: float) -> bool:
         params = {
