@@ -21,17 +21,16 @@ and never speaks on its parent's sockets.
 from __future__ import annotations
 
 import contextlib
-import os
 import threading
 import time
-import weakref
 from collections import deque
 from typing import Any
 
 from sqlalchemy import exc
 from sqlalchemy.engine import Engine
 
-_pools: weakref.WeakSet[ConnectionPool] = weakref.WeakSet()
+from locks.forking import start_afresh_when_forked
+
 _inherited: list[Any] = []  # in a forked child: the parent's connections, never used
 
 _NEW = object()  # handed to a queued taker: a place is free, open a connection in it
@@ -59,13 +58,22 @@ class ConnectionPool:
         self._ping_after = ping_after
         self._closed = False
         self._reset()
-        _pools.add(self)
+        start_afresh_when_forked(self)
 
     def _reset(self) -> None:
         self._lock = threading.Lock()
         self._idle: list[tuple[Any, float]] = []  # (connection, monotonic time of last use)
         self._queue: deque[_Slot] = deque()  # takers waiting, first come first
         self._open = 0  # connections made and not yet closed: idle + in use
+
+    def after_fork_in_child(self) -> None:
+        # The sockets belong to the parent. They are kept, not dropped: some drivers'
+        # finalizers (psycopg's) tell the server goodbye, which would end the parent's
+        # session. An engine passed in still pools the parent's connections: it gets a
+        # fresh pool, as SQLAlchemy advises for a forked child.
+        _inherited.extend(connection for connection, _ in self._idle)
+        self._reset()
+        self._engine.dispose(close=False)
 
     def take(self) -> Any:
         """A connection for one statement; `give` it back, or `discard` it if broken.
@@ -208,17 +216,3 @@ class ConnectionPool:
 def _close_quietly(connection: Any) -> None:
     with contextlib.suppress(Exception):  # already broken or closed: nothing left to free
         connection.close()
-
-
-def _forget_parents_connections() -> None:
-    # The sockets belong to the parent. They are kept, not dropped: some drivers' finalizers
-    # (psycopg's) tell the server goodbye, which would end the parent's session. An engine
-    # passed in still pools the parent's connections: it gets a fresh pool, as SQLAlchemy
-    # advises for a forked child.
-    for pool in list(_pools):
-        _inherited.extend(connection for connection, _ in pool._idle)
-        pool._reset()
-        pool._engine.dispose(close=False)
-
-
-os.register_at_fork(after_in_child=_forget_parents_connections)

@@ -10,18 +10,21 @@ more try, so nothing here is needed for correctness.
 
 from __future__ import annotations
 
-import os
 import threading
-import weakref
 from collections import deque
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+
+from locks.forking import start_afresh_when_forked
 
 
 class Wakeups:
     def __init__(self) -> None:
         self._reset()
-        _all.add(self)
+        start_afresh_when_forked(self)
+
+    def after_fork_in_child(self) -> None:
+        self._reset()  # the parent's waiting threads do not exist here
 
     def _reset(self) -> None:
         self._lock = threading.Lock()
@@ -61,16 +64,3 @@ def _sleep(event: threading.Event, seconds: float) -> None:
     if seconds > 0:
         event.wait(seconds)
     event.clear()
-
-
-_all: weakref.WeakSet[Wakeups] = weakref.WeakSet()
-
-
-def _forget_parents_waiters() -> None:
-    # The parent's waiting threads do not exist here, and a lock one of them held at the
-    # fork would stay held for good.
-    for wakeups in list(_all):
-        wakeups._reset()
-
-
-os.register_at_fork(after_in_child=_forget_parents_waiters)
