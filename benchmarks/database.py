@@ -29,22 +29,13 @@ from tests.servers import MariaDBServer
 
 def raw_insert_delete(server: MariaDBServer) -> Contender:
     server.sql("CREATE TABLE IF NOT EXISTS locks.bench_raw (name VARCHAR(255) PRIMARY KEY)")
-    host, port = server.address.rsplit(":", 1)
     local = threading.local()  # a PyMySQL connection serves one thread at a time
     opened: list[Any] = []
 
     def connection() -> Any:
         conn = getattr(local, "conn", None)
         if conn is None:
-            conn = pymysql.connect(
-                host=host,
-                port=int(port),
-                user="locks",
-                password=server.password,
-                database="locks",
-                autocommit=True,
-                ssl_disabled=True,
-            )
+            conn = pymysql.connect(**server.pymysql_args(), autocommit=True)
             local.conn = conn
             opened.append(conn)
         return conn

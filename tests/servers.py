@@ -16,7 +16,7 @@ import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import pytest
 
@@ -232,6 +232,12 @@ class MariaDBServer(ServerProcess):
     @property
     def root_url(self) -> str:
         return f"mysql+pymysql://root@{self.address}/locks?charset=utf8mb4"
+
+    def pymysql_args(self) -> dict[str, Any]:
+        """`pymysql.connect` arguments for the `locks` user: the raw driver, no SQLAlchemy."""
+        host, port = self.address.rsplit(":", 1)
+        return {"host": host, "port": int(port), "user": "locks", "password": self.password,
+                "database": "locks", "ssl_disabled": True}  # fmt: skip
 
     def command(self) -> list[str]:
         return [

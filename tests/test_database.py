@@ -11,7 +11,6 @@ import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Any
 
 import pymysql  # type: ignore[import-untyped]  # no stubs in the dev extra
 import pytest
@@ -187,7 +186,7 @@ def test_a_pool_with_every_connection_busy_reports_unavailable_after_pool_timeou
 ) -> None:
     db = DatabaseProvider(mariadb_server.url, pool_size=1, pool_timeout=0.3)  # 2 at most
     db.release(db.acquire(key + ":warm", ttl=30) or pytest.fail("not acquired"))
-    blocker = pymysql.connect(**_pymysql_args(mariadb_server), autocommit=False)
+    blocker = pymysql.connect(**mariadb_server.pymysql_args(), autocommit=False)
     with blocker.cursor() as cursor:  # an uncommitted row: inserts of its name wait on it
         cursor.execute(
             "INSERT INTO locks (name, owner, token, depth, fence, expires_at, acquired_at)"
@@ -272,7 +271,7 @@ def test_a_purge_neither_waits_for_nor_locks_rows_it_does_not_delete(
     holds: a held lock's row being renewed, say, for up to innodb_lock_wait_timeout."""
     live = db.acquire(key + ":live", ttl=30)
     assert live is not None
-    busy = pymysql.connect(**_pymysql_args(mariadb_server), autocommit=False)
+    busy = pymysql.connect(**mariadb_server.pymysql_args(), autocommit=False)
     with busy.cursor() as cursor:  # an open transaction holds the live row
         cursor.execute("UPDATE locks SET depth = depth WHERE name = %s", (live.key,))
     purging = ThreadPoolExecutor(max_workers=1)
@@ -366,12 +365,6 @@ def test_a_release_wakes_a_waiting_thread_of_the_same_process_at_once(
     assert len(handoffs) == 6
     # polling alone would make each of these 50-200 ms: all six under 80 ms is wake-ups
     assert max(handoffs) < 0.08, handoffs
-
-
-def _pymysql_args(server: MariaDBServer) -> dict[str, Any]:
-    host, port = server.address.rsplit(":", 1)
-    return {"host": host, "port": int(port), "user": "locks", "password": server.password,
-            "database": "locks", "ssl_disabled": True}  # fmt: skip
 
 
 def test_a_read_only_server_gives_a_clear_error_and_writes_nothing(
