@@ -3,7 +3,9 @@ databases or a local fallback, behind one protocol."""
 
 from locks.config import Registry, from_config
 from locks.errors import (
+    AccessDenied,
     AllBackendsUnavailable,
+    BackendError,
     BackendUnavailable,
     ConfigError,
     LockError,
@@ -16,7 +18,9 @@ from locks.fallback import Breaker, FallbackChain, Switch
 from locks.provider import Capabilities, Holder, Lease, Lock, LockProvider
 
 __all__ = [
+    "AccessDenied",
     "AllBackendsUnavailable",
+    "BackendError",
     "BackendUnavailable",
     "Breaker",
     "Capabilities",

@@ -1,46 +1,58 @@
-"""What every backend shares: argument checks before I/O, lease bookkeeping, the
-watchdog, events. A backend supplies five small primitives (`_acquire`, `_release`,
-`_extend`, `_is_held`, `ping`) and inherits the rest of the `LockProvider` protocol."""
+"""What every backend shares: argument checks before I/O, holds and their levels
+(reentrancy, see `locks.holds`), renewal, error translation, events. A backend supplies
+five small primitives that act on one server grant (`_acquire`, `_release`, `_extend`,
+`_is_held`, `ping`) and inherits the rest of the `LockProvider` protocol."""
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import time
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Hashable, Iterator
 from contextlib import contextmanager
 from typing import ClassVar, NamedTuple, ParamSpec, TypeVar
 
-from locks.errors import BackendUnavailable, LockNotOwned
+from locks.errors import AccessDenied, BackendError, BackendUnavailable, LockError, LockNotOwned
 from locks.events import EventKind, emit
+from locks.holds import Hold, holds
 from locks.names import check_acquire, check_name, check_seconds, check_ttl
 from locks.owner import current_owner, in_this_process, new_token
 from locks.provider import Capabilities, Holder, Lease, LeaseState, Lock, LostCallback
-from locks.watchdog import mark_lost, watchdog
+from locks.watchdog import Watchdog, mark_lost
 
 P = ParamSpec("P")
 R = TypeVar("R")
 
+_RETRY_CAP = 1.0  # seconds: a failing renewal is tried again at most this far apart
+
 
 class Grant(NamedTuple):
-    """What a backend's `_acquire` reports on success."""
+    """What a backend's `_acquire` reports on success: a fresh grant on the server."""
 
-    token: str  # the acquisition's token (the outer one, for a reentrant grant)
+    token: str  # the token the grant is held under (the one passed in)
     fence: int
-    depth: int
+    depth: int  # always 1: levels are counted in the process (`locks.holds`)
     sent_at: float  # monotonic time the winning request was sent: validity counts from here
 
 
 class ProviderBase(ABC):
     type_name: ClassVar[str]  # the backend type, as config names it
     capabilities: ClassVar[Capabilities]
-    # the driver's errors that mean "cannot be reached now" (the only ones that degrade)
+    # The driver's errors, sorted: "cannot be reached now" (the only ones that degrade),
+    # "credentials or permissions refused", and every other error the driver raises,
+    # which becomes a `BackendError`. Nothing a driver raises reaches a caller raw.
     unavailable_errors: tuple[type[BaseException], ...] = ()
+    denied_errors: tuple[type[BaseException], ...] = ()
+    driver_errors: tuple[type[BaseException], ...] = ()
     address = ""  # where the server is, for error messages (host:port)
+    release_on_close = True  # False where closing ends the grants itself
 
     def __init__(self, name: str, watchdog_ttl: float = 30.0) -> None:
         self.name = check_name(name, "name")
         self.watchdog_ttl = check_seconds(watchdog_ttl, "watchdog_ttl")
+        self._watchdog = Watchdog(f"locks-renew-{self.name}")
+        self._closed = False
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}(name={self.name!r})"
@@ -52,15 +64,18 @@ class ProviderBase(ABC):
         self, key: str, owner: str, token: str, ttl: float, deadline: float | None
     ) -> Grant | None:
         """Take `key` for `owner` under the fresh `token`, waiting until the monotonic
-        `deadline` (None: forever); None if another owner still held it then."""
+        `deadline` (None: forever); None if another owner still held it then. A grant
+        the server finds already held by `owner` is one this process lost track of (a
+        lost reply, a release not yet delivered): take it over as a new grant."""
 
     @abstractmethod
     def _release(self, lease: Lease) -> bool:
-        """Undo one level of `lease`; False if this owner no longer held it."""
+        """End the grant `lease` is the first level of; False if it was no longer held
+        under that grant (released already, expired, or taken over)."""
 
     @abstractmethod
     def _extend(self, lease: Lease, ttl: float) -> bool:
-        """Make `lease` expire `ttl` seconds from now; False if no longer held."""
+        """Make the grant expire `ttl` seconds from now; False if no longer held."""
 
     @abstractmethod
     def _is_held(self, lease: Lease) -> bool: ...
@@ -69,16 +84,19 @@ class ProviderBase(ABC):
         """Who holds `key` now, as the server sees it (None: nobody)."""
         raise NotImplementedError(f"the {self.type_name} backend cannot say who holds a lock")
 
-    def _granted(self, lease: Lease) -> None:  # noqa: B027 - a hook, empty by default
-        """Hook: a lease was made from a grant (for backends that track their leases)."""
+    def _domain(self) -> Hashable:
+        """What makes two provider objects one lock domain (the same server and
+        namespace): a thread that holds a key through one re-enters it through the
+        other. By default, only the object itself."""
+        return id(self)
+
+    def _check_hold(self, hold: Hold) -> None:  # noqa: B027 - a hook, empty by default
+        """Raise `BackendUnavailable` if a new level of `hold` cannot be vouched for now
+        (ZooKeeper: the session is in doubt)."""
 
     @abstractmethod
     def ping(self) -> None:
         """Raise `BackendUnavailable` unless the backend answers."""
-
-    def close(self) -> None:
-        """Stop renewing this provider's leases and free its connections."""
-        watchdog().forget(self)
 
     # -- the protocol ---------------------------------------------------------------
 
@@ -91,64 +109,118 @@ class ProviderBase(ABC):
         on_lost: LostCallback | None = None,
     ) -> Lease | None:
         key, fixed_ttl, wait = check_acquire(key, ttl, wait, on_lost)
+        if self._closed:
+            raise BackendUnavailable(
+                f"{self.type_name} backend {self.name!r} is closed", backend=self.name,
+                address=self.address,
+            )  # fmt: skip
         lease_ttl = self.watchdog_ttl if fixed_ttl is None else fixed_ttl
+        auto = fixed_ttl is None and self.capabilities.expires
         owner = current_owner()
         started = time.monotonic()
+        domain = self._domain() if self.capabilities.reentrant else None
+        if domain is not None:
+            hold = holds.find(domain, owner, key)
+            if hold is not None:
+                nested = self._reporting(key, self._nest, hold, lease_ttl, auto, on_lost)
+                if nested is not None:
+                    emit(EventKind.ACQUIRED, self.name, key, nested, duration=0.0)
+                    return nested
         deadline = None if wait is None else started + wait
         grant = self._reporting(key, self._acquire, key, owner, new_token(), lease_ttl, deadline)
         if grant is None:
             emit(EventKind.TIMED_OUT, self.name, key, duration=time.monotonic() - started)
             return None
-        expires = self.capabilities.expires
-        lease = Lease(
-            key=key,
-            backend=self.name,
-            owner=owner,
-            token=grant.token,
-            fence=grant.fence,
-            ttl=lease_ttl,
-            depth=grant.depth,
-            acquired_at=grant.sent_at,
-            auto_renew=fixed_ttl is None and expires,
-            state=LeaseState(grant.sent_at + lease_ttl if expires else None, on_lost),
-        )
-        if lease.auto_renew:
-            watchdog().watch(lease, self._renew, self)
-        self._granted(lease)
+        valid_until = grant.sent_at + lease_ttl if self.capabilities.expires else None
+        state = LeaseState(valid_until, on_lost)
+        lease = Lease(key, self.name, owner, grant.token, grant.fence, lease_ttl, 1,
+                      grant.sent_at, auto, state)  # fmt: skip
+        state.hold = hold = Hold(self, lease, valid_until)
+        holds.add(hold, domain)
+        if auto:
+            hold.watched = True
+            self._watchdog.watch(hold, grant.sent_at + lease_ttl / 3)
         emit(EventKind.ACQUIRED, self.name, key, lease, duration=time.monotonic() - started)
         return lease
 
     def release(self, lease: Lease) -> None:
         self._check_mine(lease)
-        if lease.auto_renew:
-            watchdog().unwatch(lease)
-        released = self._reporting(lease.key, self._release, lease)
-        lease.state.end()
-        if not released:
+        state = lease.state
+        hold = self._hold_of(lease)
+        try:
+            retry = state.begin_release()
+        except LookupError as ended:
             raise LockNotOwned(
-                f"{lease.key!r} on {self.name!r} is no longer held by this lease "
-                f"(it expired or was taken over); nothing was released"
+                f"{lease.key!r} on {self.name!r}: this lease has ended ({ended}); "
+                "nothing was sent to the server"
+            ) from None
+        now = time.monotonic()
+        expired = state.expired(now)
+        if not retry:
+            with hold.lock:
+                hold.levels = [level for level in hold.levels if level.state is not state]
+                last = not hold.ending and not hold.live(now)
+                hold.ending = hold.ending or last
+            if not last:  # other levels live on: nothing to tell the server
+                self._released(lease, expired)
+                return
+        owner = hold.provider  # its connection made the grant
+        try:
+            released = owner._reporting(lease.key, owner._release, hold.anchor)
+        except BackendUnavailable:
+            state.release_failed()  # it may have run: a retry is safe, under the same token
+            raise
+        finally:
+            owner._forget(hold)
+        self._released(lease, expired or not released)
+
+    def _released(self, lease: Lease, refused: bool) -> None:
+        if refused:
+            raise LockNotOwned(
+                f"{lease.key!r} on {self.name!r} was no longer held by this lease "
+                "(it expired or was taken over); nothing was released"
             )
-        emit(
-            EventKind.RELEASED,
-            self.name,
-            lease.key,
-            lease,
-            duration=time.monotonic() - lease.acquired_at,
-        )
+        duration = time.monotonic() - lease.acquired_at
+        emit(EventKind.RELEASED, self.name, lease.key, lease, duration=duration)
 
     def extend(self, lease: Lease, ttl: float | None = None) -> Lease:
         new_ttl = check_ttl(ttl)
         self._check_mine(lease)
         new_ttl = lease.ttl if new_ttl is None else new_ttl
-        sent_at = time.monotonic()
-        if not self._reporting(lease.key, self._extend, lease, new_ttl):
-            mark_lost(lease, "the backend no longer holds it")
+        state = lease.state
+        hold = self._hold_of(lease)
+        owner = hold.provider
+        with hold.lock:
+            now = time.monotonic()
+            if hold.ending or not state.live(now):
+                raise LockNotOwned(
+                    f"{lease.key!r} on {self.name!r}: this lease has ended; "
+                    "nothing was sent to the server"
+                )
+            if self.capabilities.expires:
+                target = hold.target(now, new_ttl, besides=state)
+                held = target > 0 and owner._reporting(
+                    lease.key, owner._extend, hold.anchor, target
+                )
+                if held:
+                    hold.valid_until = now + target
+                    state.renewed(min(now + new_ttl, now + target))
+            else:
+                held = owner._reporting(lease.key, owner._extend, hold.anchor, new_ttl)
+        if not held:
+            owner._lose(hold, "the backend no longer holds it")
             raise LockNotOwned(f"{lease.key!r} on {self.name!r} is no longer held by this lease")
-        if self.capabilities.expires:
-            lease.state.renewed(sent_at + new_ttl)
         emit(EventKind.EXTENDED, self.name, lease.key, lease)
         return lease if new_ttl == lease.ttl else dataclasses.replace(lease, ttl=new_ttl)
+
+    def is_held(self, lease: Lease) -> bool:
+        self._check_lease(lease)
+        hold = lease.state.hold
+        live = lease.state.live(time.monotonic())
+        if not in_this_process(lease.owner) or not live or not isinstance(hold, Hold):
+            return False
+        owner = hold.provider
+        return bool(owner._reporting(lease.key, owner._is_held, hold.anchor))
 
     def release_token(self, key: str, owner: str, token: str) -> bool:
         """Release what an acquire by `owner` under `token` may have taken when its reply
@@ -160,20 +232,51 @@ class ProviderBase(ABC):
         return bool(self._reporting(key, self._release_unknown, lease))
 
     def _release_unknown(self, lease: Lease) -> bool:
-        """Release a grant known only by owner and token (fence and depth unknown)."""
+        """Release a grant known only by owner and token (its fence is unknown)."""
         return self._release(lease)
-
-    def is_held(self, lease: Lease) -> bool:
-        self._check_lease(lease)
-        if not in_this_process(lease.owner) or lease.state.ended:
-            return False
-        return bool(self._reporting(lease.key, self._is_held, lease))
 
     def holder(self, key: str) -> Holder | None:
         """Who holds `key` on this backend right now, or None: for operators and tools.
         Reading it and acting on it is a race; take the lock instead."""
         key = check_name(key)
-        return self._reporting(key, self._holder, key)
+        found = self._reporting(key, self._holder, key)
+        if found is not None and found.depth is None and self.capabilities.reentrant:
+            hold = holds.find(self._domain(), found.owner, key)  # levels are counted here
+            if hold is not None:
+                found = dataclasses.replace(found, depth=len(hold.live(time.monotonic())))
+        return found
+
+    def bound(self, lease: Lease, seconds: float) -> None:
+        """End `lease`'s hold (every level) `seconds` after it was granted, however it was
+        asked for: no level stays valid past then, renewals stop there, and its grant is
+        released. A safe-mode chain bounds the grants of its lower tiers this way."""
+        seconds = check_seconds(seconds, "seconds")
+        hold = self._hold_of(lease)
+        owner = hold.provider
+        with hold.lock:
+            limit = lease.acquired_at + seconds
+            hold.limit = limit if hold.limit is None else min(hold.limit, limit)
+            for level in hold.levels:
+                until = level.state.valid_until
+                level.state.valid_until = hold.limit if until is None else min(until, hold.limit)
+            watch = not hold.watched and not hold.ending
+            hold.watched = hold.watched or watch
+        if watch:  # a hold that is not renewed is visited once, at its bound
+            owner._watchdog.watch(hold, hold.limit)
+
+    def close(self) -> None:
+        """End every lease this provider granted (their `on_lost` callbacks run), release
+        their grants where the server keeps them, stop renewing, free connections."""
+        self._closed = True
+        self._watchdog.close()
+        reachable = self.release_on_close
+        for hold in holds.of(self):
+            self._lose(hold, f"its provider {self.name!r} was closed")
+            if reachable and not hold.ending:
+                try:
+                    self._reporting(hold.key, self._release, hold.anchor)
+                except LockError:
+                    reachable = False  # one failure is enough: the rest expire by themselves
 
     def lock(
         self,
@@ -185,11 +288,180 @@ class ProviderBase(ABC):
     ) -> Lock:
         return Lock(self, key, ttl=ttl, wait=wait, on_lost=on_lost)
 
+    # -- holds and their levels ---------------------------------------------------------
+
+    def _nest(
+        self, hold: Hold, ttl: float, auto: bool, on_lost: LostCallback | None
+    ) -> Lease | None:
+        """A new level of `hold` for its owner, or None if the hold is over (the caller
+        then asks the server for a grant of its own)."""
+        if hold.ending:  # its last level's release is under way: let it finish first
+            hold.wait_over()
+            return None
+        owner = hold.provider
+        lost = False
+        with hold.lock:
+            now = time.monotonic()
+            if hold.ending or hold.over:
+                return None
+            if not hold.live(now):  # every level ended or ran out: the grant is spent
+                owner._forget(hold)
+                return None
+            owner._check_hold(hold)
+            valid_until = None
+            if owner.capabilities.expires:
+                want = now + ttl if hold.limit is None else min(now + ttl, hold.limit)
+                if auto and hold.watched and hold.valid_until is not None:
+                    valid_until = min(want, hold.valid_until)  # renewed with the hold
+                else:
+                    if hold.valid_until is None or want > hold.valid_until:
+                        target = hold.target(now, ttl)
+                        lost = not owner._extend(hold.anchor, target)
+                        if not lost:
+                            hold.valid_until = now + target
+                    valid_until = want
+            elif hold.limit is not None:
+                valid_until = hold.limit
+            if not lost:
+                anchor = hold.anchor
+                state = LeaseState(valid_until, on_lost, hold)
+                lease = Lease(anchor.key, self.name, anchor.owner, new_token(), anchor.fence,
+                              ttl, len(hold.live(now)) + 1, now, auto, state)  # fmt: skip
+                hold.levels.append(lease)
+                watch = auto and not hold.watched
+                hold.watched = hold.watched or watch
+        if lost:
+            owner._lose(hold, "the backend no longer holds it")
+            return None
+        if watch:
+            owner._watchdog.watch(hold, now + ttl / 3)
+        return lease
+
+    def _renew_hold(self, hold: Hold) -> float | None:
+        """The watchdog's call: extend the grant so it covers every live level; the time
+        of the next renewal, or None when there is nothing left to renew."""
+        ended: str | None = None
+        overdue: list[Lease] = []
+        due: float | None = None
+        with hold.lock:
+            now = time.monotonic()
+            if hold.ending or hold.over:
+                hold.watched = False
+                return None
+            if hold.limit is not None and now >= hold.limit:
+                ended = "it reached the bound its chain set (safe mode)"
+            auto = [level for level in hold.levels if level.auto_renew and level.state.live(now)]
+            if ended is None and not auto:
+                if hold.limit is not None:
+                    return hold.limit  # visit it once more, at its bound
+                hold.watched = False
+                return None
+            if ended is None:
+                want = max(level.ttl for level in auto)
+                target = hold.target(now, want)
+                try:
+                    held = self._reporting(hold.key, self._extend, hold.anchor, target)
+                except LockError:
+                    held = None
+                if held:
+                    hold.valid_until = now + target
+                    for level in auto:
+                        level.state.renewed(min(now + level.ttl, now + target))
+                    due = now + want / 3
+                    return due if hold.limit is None else min(due, hold.limit)
+                if held is None:  # it cannot say: try again until the validity runs out
+                    later = time.monotonic()
+                    overdue = [lv for lv in auto if lv.state.expired(later)]
+                    alive = [lv.state.valid_until for lv in auto if not lv.state.expired(later)]
+                    if alive:
+                        retry = min(max(want / 30, 0.05), _RETRY_CAP)
+                        due = min(later + retry, *[until for until in alive if until])
+                    else:
+                        due = None
+                else:
+                    ended = "the backend no longer holds it"
+        if ended is not None:
+            self._lose(hold, ended)
+            if hold.limit is not None:  # a bounded grant is ended on the server too
+                # it is lost either way; a dead server frees it by itself
+                with contextlib.suppress(LockError):
+                    self._reporting(hold.key, self._release, hold.anchor)
+            return None
+        for level in overdue:
+            mark_lost(level, "renewals failed until its validity ran out")
+        if due is None:
+            with hold.lock:
+                hold.watched = False
+        return due
+
+    def _expire_hold(self, hold: Hold, now: float) -> float | None:
+        """The reaper's call, while a renewal of this provider is stuck (no I/O, and not
+        `hold.lock`, which the stuck renewal may hold): mark lost the auto-renewed levels
+        whose validity ran out; return when the next one runs out."""
+        upcoming: list[float] = []
+        for level in list(hold.levels):
+            state = level.state
+            if not level.auto_renew or state.ended or state.lost or state.valid_until is None:
+                continue
+            if state.valid_until <= now:
+                mark_lost(level, "its renewal did not come back before its validity ran out")
+            else:
+                upcoming.append(state.valid_until)
+        return min(upcoming, default=None)
+
+    def _forget(self, hold: Hold) -> None:
+        """The hold is over: no new level, no renewal; whoever waits on it goes on."""
+        forgotten = holds.remove(hold, self._domain() if self.capabilities.reentrant else None)
+        if forgotten and hold.watched:
+            self._watchdog.unwatch(hold)
+        hold.finish()
+
+    def _lose(self, hold: Hold, reason: str) -> None:
+        """The grant is gone: every live level is lost and told so, once."""
+        self._forget(hold)
+        for level in list(hold.levels):
+            mark_lost(level, reason)
+
+    def _holds(self) -> list[Hold]:
+        """The holds this provider granted that are still live."""
+        return holds.of(self)
+
+    def _hold_of(self, lease: Lease) -> Hold:
+        hold = lease.state.hold
+        if not isinstance(hold, Hold):  # made by hand, not granted: nothing it can touch
+            raise LockNotOwned(f"{lease.key!r}: this lease was never granted in this process")
+        return hold
+
     # -- shared plumbing --------------------------------------------------------------
 
     def _secret(self) -> str | None:
         """A password that must never appear in an error message."""
         return None
+
+    def _classify(self, error: BaseException) -> type[BackendUnavailable] | type[BackendError]:
+        """Which of our errors a driver's error becomes."""
+        if isinstance(error, self.denied_errors):
+            return AccessDenied
+        if isinstance(error, self.unavailable_errors):
+            return BackendUnavailable
+        return BackendError
+
+    def _error(
+        self,
+        error: BaseException,
+        *,
+        ambiguous: bool = False,
+        key: str | None = None,
+        token: str | None = None,
+    ) -> LockError:
+        """The one place a driver's error becomes ours: it names the backend and its
+        address, never a password."""
+        kind = self._classify(error)
+        if kind is BackendUnavailable:
+            return self._unavailable(error, ambiguous=ambiguous, key=key, token=token)
+        verb = "refused access" if kind is AccessDenied else "answered with an error"
+        return kind(f"{self._where()} {verb}: {self._detail(error)}", backend=self.name,
+                    address=self.address)  # fmt: skip
 
     def _unavailable(
         self,
@@ -199,23 +471,25 @@ class ProviderBase(ABC):
         key: str | None = None,
         token: str | None = None,
     ) -> BackendUnavailable:
-        """The one place a driver's error becomes ours: it names the backend and its
-        address, never a password."""
+        """`error` as a `BackendUnavailable`, whatever its kind (also for a backend that
+        knows the server cannot serve, e.g. a session that is not connected)."""
+        return BackendUnavailable(
+            f"{self._where()} is unavailable: {self._detail(error)}", backend=self.name,
+            address=self.address, ambiguous=ambiguous, key=key, token=token,
+        )  # fmt: skip
+
+    def _where(self) -> str:
+        return f"{self.type_name} backend {self.name!r} at {self.address}"
+
+    def _detail(self, error: BaseException) -> str:
+        """The driver's error in one line, without the password."""
         cause = getattr(error, "orig", None) or error  # SQLAlchemy wraps the driver's error
         lines = str(cause).splitlines()
         detail = lines[0] if lines else ""
         secret = self._secret()
         if secret:
             detail = detail.replace(secret, "***")
-        return BackendUnavailable(
-            f"{self.type_name} backend {self.name!r} at {self.address} is unavailable: "
-            f"{type(cause).__name__}: {detail}",
-            backend=self.name,
-            address=self.address,
-            ambiguous=ambiguous,
-            key=key,
-            token=token,
-        )
+        return f"{type(cause).__name__}: {detail}"
 
     @contextmanager
     def _translated(
@@ -223,11 +497,10 @@ class ProviderBase(ABC):
     ) -> Iterator[None]:
         try:
             yield
-        except self.unavailable_errors as error:
-            raise self._unavailable(error, ambiguous=ambiguous, key=key, token=token) from error
-
-    def _renew(self, lease: Lease) -> bool:
-        return self._extend(lease, lease.ttl)
+        except LockError:
+            raise
+        except (*self.driver_errors, *self.unavailable_errors, *self.denied_errors) as error:
+            raise self._error(error, ambiguous=ambiguous, key=key, token=token) from error
 
     def _check_lease(self, lease: Lease) -> None:
         if not isinstance(lease, Lease):
@@ -243,8 +516,16 @@ class ProviderBase(ABC):
             )
 
     def _reporting(self, key: str, call: Callable[P, R], *args: P.args, **kwargs: P.kwargs) -> R:
+        """Run a call that may reach the server: a driver error that escaped the
+        backend's own translation is translated here, and errors are reported."""
         try:
             return call(*args, **kwargs)
-        except BackendUnavailable as exc:
+        except (BackendUnavailable, BackendError) as exc:
             emit(EventKind.BACKEND_ERROR, self.name, key, error=exc)
             raise
+        except LockError:
+            raise
+        except (*self.driver_errors, *self.unavailable_errors, *self.denied_errors) as error:
+            translated = self._error(error)
+            emit(EventKind.BACKEND_ERROR, self.name, key, error=translated)
+            raise translated from error

@@ -37,6 +37,7 @@ from locks.fallback.breaker import Breaker
 from locks.fallback.chain import FallbackChain
 from locks.fallback.scenarios import PRESETS
 from locks.fallback.switch import Switch
+from locks.names import check_wait
 from locks.provider import Lock, LockProvider
 
 P = ParamSpec("P")
@@ -121,6 +122,12 @@ def _table(data: Mapping[str, Any], key: str, where: str) -> Mapping[str, Any]:
     return value
 
 
+def _place(where: str, error: BaseException, options: Mapping[str, Any]) -> str:
+    """`where`, narrowed to the key an error message starts with (`backends.db.url`)."""
+    first = re.split(r"[\s:]", str(error), maxsplit=1)[0]
+    return f"{where}.{first}" if first in options else where
+
+
 def _unknown(keys: Mapping[str, Any], allowed: set[str], where: str) -> None:
     extra = sorted(set(keys) - allowed)
     if extra:
@@ -164,8 +171,8 @@ class Registry:
             _unknown(options, accepted, where)
         try:
             provider: LockProvider = cls(name=name, **options)
-        except (TypeError, ValueError) as exc:
-            raise ConfigError(f"{where}: {exc}") from exc
+        except Exception as exc:  # whatever a backend class raises, the config is at fault
+            raise ConfigError(f"{_place(where, exc, options)}: {exc}") from exc
         return provider
 
     def _make_switch(self, spec: Mapping[str, Any], environ: Mapping[str, str]) -> Switch:
@@ -213,10 +220,18 @@ class Registry:
         for index, tier in enumerate(tiers):
             if tier not in self._backends:
                 raise ConfigError(f"{where}.chain[{index}]: unknown backend {tier!r}")
+        retries = settings.get("retries", 3)
+        if isinstance(retries, bool) or not isinstance(retries, int) or not 1 <= retries <= 100:
+            raise ConfigError(f"{where}.retries: must be a whole number from 1 to 100, "
+                              f"got {retries!r}")  # fmt: skip
+        try:
+            retry_delay = check_wait(settings.get("retry_delay", 0.1), "retry_delay")
+        except (TypeError, ValueError) as exc:
+            raise ConfigError(f"{where}.retry_delay: {exc}") from exc
         try:
             retry = Retrying(
-                stop=stop_after_attempt(settings.get("retries", 3)),
-                wait=wait_fixed(settings.get("retry_delay", 0.1)),
+                stop=stop_after_attempt(retries),
+                wait=wait_fixed(retry_delay or 0.0),
                 retry=retry_if_exception_type(BackendUnavailable),
                 reraise=True,
             )
@@ -231,7 +246,7 @@ class Registry:
                 switch=self.switch,
             )
         except (TypeError, ValueError) as exc:
-            raise ConfigError(f"{where}: {exc}") from exc
+            raise ConfigError(f"{_place(where, exc, settings)}: {exc}") from exc
 
     # -- using -------------------------------------------------------------------------------
 

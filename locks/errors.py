@@ -1,4 +1,7 @@
-"""The error hierarchy. Only `BackendUnavailable` makes a chain degrade."""
+"""The error hierarchy. Only `BackendUnavailable` makes a chain degrade: an outage may end
+by itself, so trying the next tier keeps the service up. `BackendError` and `AccessDenied`
+are answers from a server that is up and refuses or does not understand us: no retry and
+no other tier fixes a configuration mistake, so they are raised, never degraded past."""
 
 from __future__ import annotations
 
@@ -66,6 +69,25 @@ class AllBackendsUnavailable(BackendUnavailable):
         detail = "; ".join(f"{tier}: {cause}" for tier, cause in causes.items())
         super().__init__(f"every backend of {chain!r} is unavailable ({detail})", backend=chain)
         self.causes = dict(causes)
+
+
+class BackendError(LockError):
+    """A backend answered with an error that is not an outage: a key of the wrong type, a
+    reply that is not the server's protocol, an error nobody planned for. Never degrades.
+    `backend` and `address` say where; the driver's error is the `__cause__`."""
+
+    def __init__(self, message: str, *, backend: str, address: str = "") -> None:
+        super().__init__(message)
+        self.backend = backend
+        self.address = address
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (_restore, (type(self), self.args, self.__dict__))
+
+
+class AccessDenied(BackendError):
+    """The backend refused our credentials or a permission (a wrong password, a missing
+    ACL or grant): a configuration error, never an outage, so it never degrades."""
 
 
 class ConfigError(LockError):

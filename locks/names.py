@@ -7,6 +7,10 @@ import unicodedata
 from urllib.parse import quote
 
 MAX_NAME_LENGTH = 255
+# The longest duration any argument may ask for: a year. Longer ones are mistakes (use
+# wait=None to wait for ever), and far longer ones overflow a server's expiry arithmetic
+# (Redis PX, a BIGINT of microseconds) or `threading`'s timeouts.
+MAX_SECONDS = 365 * 24 * 3600.0
 
 
 def check_name(name: object, argument: str = "key") -> str:
@@ -65,6 +69,10 @@ def _positive_seconds(value: object, argument: str, *, allow_zero: bool) -> floa
     if seconds < 0 or (seconds == 0 and not allow_zero):
         bound = ">= 0" if allow_zero else "> 0"
         raise ValueError(f"{argument} must be {bound} seconds, got {value!r}")
+    if seconds > MAX_SECONDS:
+        raise ValueError(
+            f"{argument} must be at most {MAX_SECONDS:.0f} seconds (a year), got {value!r}"
+        )
     return seconds
 
 
@@ -79,3 +87,33 @@ def zookeeper_node_name(name: str) -> str:
     name can climb out of the lock root (`..`), split into segments (`/`) or carry
     characters ZooKeeper refuses. The encoding is one-to-one."""
     return quote(name, safe="-_:").replace(".", "%2E")
+
+
+def _zookeeper_refuses(char: str) -> bool:
+    """Characters ZooKeeper's path check refuses (PathUtils.validatePath)."""
+    code = ord(char)
+    return (
+        code == 0
+        or 0x01 <= code <= 0x1F
+        or 0x7F <= code <= 0x9F
+        or 0xD800 <= code <= 0xF8FF
+        or 0xFFF0 <= code <= 0xFFFF
+    )
+
+
+def check_zookeeper_path(path: object, argument: str = "root") -> str:
+    """An absolute ZooKeeper path that ZooKeeper accepts as it is: no empty, `.` or `..`
+    segment, no trailing `/`, none of the characters it refuses."""
+    if not isinstance(path, str):
+        raise TypeError(f"{argument} must be a str, not {type(path).__name__}")
+    if not path.startswith("/") or path == "/" or path.endswith("/"):
+        raise ValueError(
+            f"{argument} must be an absolute path without a trailing '/', got {path!r}"
+        )
+    for segment in path[1:].split("/"):
+        if segment in ("", ".", ".."):
+            raise ValueError(f"{argument} must not have an empty, '.' or '..' segment: {path!r}")
+    bad = next((char for char in path if _zookeeper_refuses(char)), None)
+    if bad is not None:
+        raise ValueError(f"{argument} holds a character ZooKeeper refuses ({bad!r}): {path!r}")
+    return path

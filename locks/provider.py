@@ -42,27 +42,60 @@ LostCallback = Callable[["Lease"], None]
 
 class LeaseState:
     """The parts of a lease that change after it is granted, guarded by one lock and
-    written only by its provider and the watchdog."""
+    written only by its provider and the watchdog.
 
-    __slots__ = ("_callbacks", "_lock", "ended", "lost", "reason", "suspended", "valid_until")
+    A lease ends once: released (`ended`) or `lost`. An ended or lost lease never reaches
+    the server again, except a release whose first try could not tell whether it ran
+    (`retry_release`): its server call is guarded by the grant's own token, so running
+    it twice changes nothing."""
 
-    def __init__(self, valid_until: float | None, on_lost: LostCallback | None = None) -> None:
+    __slots__ = ("_callbacks", "_lock", "ended", "hold", "lost", "reason", "retry_release",
+                 "suspended", "valid_until")  # fmt: skip
+
+    def __init__(
+        self, valid_until: float | None, on_lost: LostCallback | None = None, hold: object = None
+    ) -> None:
         self._lock = threading.Lock()
         self.valid_until = valid_until
         self.lost = False
         self.ended = False  # released by its holder
+        self.retry_release = False  # the release's server call failed: it may be sent again
         self.suspended = False  # its backend's session is in doubt (ZooKeeper SUSPENDED)
         self.reason = ""
+        self.hold = hold  # the provider's record of the server grant this lease is a level of
         self._callbacks: list[LostCallback] = [] if on_lost is None else [on_lost]
 
     def renewed(self, valid_until: float) -> None:
         with self._lock:
-            if not self.lost:
+            if not self.lost and not self.ended:
                 self.valid_until = valid_until
 
     def end(self) -> None:
         with self._lock:
             self.ended = True
+
+    def begin_release(self) -> bool:
+        """Claim the release: True if it is a retry of a server call that failed, False if
+        it is the first; raises LookupError (with the reason) if the lease has ended."""
+        with self._lock:
+            if self.lost:
+                raise LookupError(f"it was lost: {self.reason}")
+            if self.ended and not self.retry_release:
+                raise LookupError("it was released already")
+            retry, self.ended, self.retry_release = self.ended, True, False
+            return retry
+
+    def release_failed(self) -> None:
+        """The release's server call could not tell whether it ran: allow a retry."""
+        with self._lock:
+            self.retry_release = not self.lost
+
+    def expired(self, now: float) -> bool:
+        return self.valid_until is not None and now >= self.valid_until
+
+    def live(self, now: float) -> bool:
+        """Not ended, not lost, not past its validity."""
+        return not (self.ended or self.lost or self.expired(now))
 
     def mark_lost(self, reason: str) -> list[LostCallback] | None:
         """Mark the lease lost and return the callbacks to run; None if it already ended."""

@@ -1,8 +1,13 @@
-"""One daemon thread that keeps every auto-renewed lease (`ttl=None`) alive.
+"""Renewal of auto-renewed leases (`ttl=None`): one daemon thread per provider, and one
+reaper for the whole process.
 
-Each lease is renewed every ttl/3. When the backend says the lock is gone, or the
-lease's validity runs out without a successful renewal, the lease is marked lost,
-its `on_lost` callbacks run once on this thread, and renewal stops.
+Each provider renews its own holds on its own thread, so a backend that hangs delays
+only its own renewals, never another backend's. A renewal that hangs must still not hide
+a loss: while a provider's thread is inside a renewal call, the reaper (which does no
+I/O at all) watches the validity of that provider's leases and marks them lost, running
+their `on_lost` callbacks, the moment it runs out.
+
+`on_lost` callbacks run on one of these threads: keep them short.
 """
 
 from __future__ import annotations
@@ -11,30 +16,34 @@ import heapq
 import itertools
 import logging
 import math
-import os
 import threading
 import time
-from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Protocol
 
-from locks.errors import BackendUnavailable, LockLost
+from locks.errors import LockLost
 from locks.events import EventKind, emit
+from locks.forking import start_afresh_when_forked
 from locks.provider import Lease
 
 logger = logging.getLogger("locks")
 
-_LOOK_AGAIN = 1.0  # seconds: how soon an idle thread looks at new leases unasked
+_LOOK_AGAIN = 1.0  # seconds: how soon an idle thread looks at new items unasked
 
-Renew = Callable[[Lease], bool]
-"""Extend the lease by its ttl on its backend: True if still held, False if gone;
-raises `BackendUnavailable` when the backend cannot say."""
+
+class Renewable(Protocol):
+    def renew(self) -> float | None:
+        """Renew now (I/O allowed): the monotonic time of the next renewal, or None to
+        stop renewing. Handles its own errors and losses."""
+
+    def expire(self, now: float) -> float | None:
+        """Without I/O: mark lost what has run out of validity by `now`; return when the
+        next validity runs out, or None if nothing is left to watch."""
 
 
 @dataclass(eq=False)
 class _Entry:
-    lease: Lease
-    renew: Renew
-    group: object
+    item: Renewable
     due: float  # monotonic time of the first renewal
     cancelled: bool = field(default=False)
 
@@ -45,61 +54,74 @@ class Watchdog:
     whenever it wakes, and `unwatch` only flags the entry. The lock is taken only when a
     new entry is due before the thread's next look (`_wakes_at`)."""
 
-    def __init__(self) -> None:
+    def __init__(self, name: str = "locks-watchdog") -> None:
+        self.name = name
+        self._reset()
+        start_afresh_when_forked(self)
+
+    def _reset(self) -> None:
         self._lock = threading.Lock()
         self._cond = threading.Condition(self._lock)
         self._heap: list[tuple[float, int, _Entry]] = []  # (due, tie-break, entry)
         self._arrived: list[_Entry] = []  # watched since the thread last looked
-        self._entries: dict[int, _Entry] = {}  # by id(lease.state): what is watched now
+        self._entries: dict[int, _Entry] = {}  # by id(item): what is watched now
         self._seq = itertools.count()
         # when the thread next drains `_arrived`; -inf while it is awake and will drain
         self._wakes_at = math.inf
         self._thread: threading.Thread | None = None
+        self._closed = False
+        self.busy: _Entry | None = None  # the entry whose renewal is under way
 
-    def watch(self, lease: Lease, renew: Renew, group: object) -> None:
-        """Renew `lease` until `unwatch`; `group` (its provider) lets `forget` drop it on close."""
-        entry = _Entry(lease, renew, group, lease.acquired_at + lease.ttl / 3)
-        self._entries[id(lease.state)] = entry
+    def after_fork_in_child(self) -> None:
+        self._reset()  # the thread is gone, and the parent's items are not the child's
+
+    def watch(self, item: Renewable, due: float) -> None:
+        """Call `item.renew()` at `due`, then whenever it asks, until `unwatch`."""
+        entry = _Entry(item, due)
+        self._entries[id(item)] = entry
         self._arrived.append(entry)
         # Read after the append, while the thread publishes `_wakes_at` before it looks at
         # `_arrived` a last time: either it sees this entry, or this sees its wake time.
         if entry.due < self._wakes_at:
             with self._lock:
-                if self._thread is None:
-                    self._thread = threading.Thread(
-                        target=self._run, name="locks-watchdog", daemon=True
-                    )
+                if self._thread is None and not self._closed:
+                    self._thread = threading.Thread(target=self._run, name=self.name, daemon=True)
                     self._thread.start()
                 self._cond.notify()
 
-    def unwatch(self, lease: Lease) -> None:
-        """Stop renewing `lease`; a renewal already under way is ignored when it returns."""
-        entry = self._entries.pop(id(lease.state), None)
+    def unwatch(self, item: Renewable) -> None:
+        """Stop renewing `item`; a renewal already under way is ignored when it returns."""
+        entry = self._entries.pop(id(item), None)
         if entry is not None:
             entry.cancelled = True
 
-    def forget(self, group: object) -> None:
-        """Stop renewing every lease of `group` (a provider being closed)."""
-        for state_id, entry in list(self._entries.items()):
-            if entry.group is group:
-                entry.cancelled = True
-                self._entries.pop(state_id, None)
+    def watching(self, item: Renewable) -> bool:
+        return id(item) in self._entries
 
-    def watching(self, lease: Lease) -> bool:
-        return id(lease.state) in self._entries
+    def close(self) -> None:
+        """Stop renewing everything; the thread ends."""
+        with self._lock:
+            self._closed = True
+            for entry in self._entries.values():
+                entry.cancelled = True
+            self._entries.clear()
+            self._cond.notify()
 
     def _schedule(self, entry: _Entry, due: float) -> None:
         heapq.heappush(self._heap, (due, next(self._seq), entry))
 
     def _run(self) -> None:
         while True:
-            self._renew(self._next_due())
+            entry = self._next_due()
+            if entry is None:
+                return
+            self._renew(entry)
 
-    def _next_due(self) -> _Entry:
+    def _next_due(self) -> _Entry | None:
         """Sleep until the earliest live entry is due, taking in arrivals on every wake."""
         with self._lock:
-            busy = False  # leases arrived since the last sleep
-            while True:
+            busy = False  # entries arrived since the last sleep
+            while not self._closed:
                 while self._arrived:
                     busy = True
                     entry = self._arrived.pop()  # one by one: `watch` appends concurrently
@@ -115,47 +137,99 @@ class Watchdog:
                     if delay <= 0:
                         heapq.heappop(self._heap)
                         self._wakes_at = -math.inf
+                        self.busy = entry
                         return entry
                 elif busy:
-                    # Leases come and go faster than they fall due: look again in a while
+                    # Items come and go faster than they fall due: look again in a while
                     # rather than sleep for good and be woken by the next `watch`.
                     delay = _LOOK_AGAIN
                 self._wakes_at = math.inf if delay is None else time.monotonic() + delay
                 if not self._arrived:  # else one came in before `_wakes_at` was published
                     self._cond.wait(delay)
                     busy = False
+            self._thread = None
+            return None
 
     def _renew(self, entry: _Entry) -> None:
-        lease = entry.lease
-        sent_at = time.monotonic()
-        error: BaseException | None = None
-        held: bool | None = None
+        reaper.guard(self)
         try:
-            held = entry.renew(lease)
-        except BackendUnavailable as exc:
-            error = exc
-        except Exception as exc:  # a bug in a backend must not kill every lease's renewal
-            logger.exception("renewing %r on %r failed", lease.key, lease.backend)
-            error = exc
-        if error is not None:
-            emit(EventKind.BACKEND_ERROR, lease.backend, lease.key, lease, error=error)
-        now = time.monotonic()
+            due = entry.item.renew()
+        except Exception:  # a bug in a backend must not end every lease's renewal
+            logger.exception("renewal on %s failed", self.name)
+            due = None
+        finally:
+            reaper.unguard(self)
         with self._lock:
+            self.busy = None
             if entry.cancelled:
                 return
-            if held:
-                lease.state.renewed(sent_at + lease.ttl)
-                self._schedule(entry, sent_at + lease.ttl / 3)
+            if due is None:
+                self._entries.pop(id(entry.item), None)
                 return
-            valid_until = lease.state.valid_until
-            if held is None and valid_until is not None and now < valid_until:
-                # keep trying until the lease's validity runs out, then declare it lost
-                retry = min(max(lease.ttl / 30, 0.05), 1.0)
-                self._schedule(entry, min(now + retry, valid_until))
-                return
-            self._entries.pop(id(lease.state), None)
-        reason = "the backend no longer holds it" if held is False else f"renewal failed: {error}"
-        mark_lost(lease, reason)
+            self._schedule(entry, due)
+
+    def expire(self, now: float) -> float | None:
+        """For the reaper, while this watchdog's thread is stuck in a renewal: mark lost
+        what ran out of validity; return when the next validity runs out."""
+        with self._lock:
+            entries = [entry for _, _, entry in self._heap if not entry.cancelled]
+            if self.busy is not None:
+                entries.append(self.busy)
+        deadlines = [entry.item.expire(now) for entry in entries]
+        return min((d for d in deadlines if d is not None), default=None)
+
+
+class Reaper:
+    """Marks leases lost on time while their provider's thread is stuck inside a renewal.
+    It does no I/O, so nothing a server does can hold it up."""
+
+    _GRACE = 0.05  # a renewal shorter than this never wakes the reaper
+
+    def __init__(self) -> None:
+        self._reset()
+        start_afresh_when_forked(self)
+
+    def _reset(self) -> None:
+        self._cond = threading.Condition(threading.Lock())
+        self._busy: dict[int, tuple[Watchdog, float]] = {}  # id -> (watchdog, since)
+        self._thread: threading.Thread | None = None
+
+    def after_fork_in_child(self) -> None:
+        self._reset()
+
+    def guard(self, watchdog: Watchdog) -> None:
+        with self._cond:
+            self._busy[id(watchdog)] = (watchdog, time.monotonic())
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._run, name="locks-reaper", daemon=True)
+                self._thread.start()
+            elif len(self._busy) == 1:
+                self._cond.notify()
+
+    def unguard(self, watchdog: Watchdog) -> None:
+        with self._cond:
+            self._busy.pop(id(watchdog), None)
+
+    def _run(self) -> None:
+        while True:
+            with self._cond:
+                while not self._busy:
+                    self._cond.wait()
+                now = time.monotonic()
+                earliest = min(since for _, since in self._busy.values()) + self._GRACE
+                stuck = [dog for dog, since in self._busy.values() if since + self._GRACE <= now]
+            if not stuck:
+                time.sleep(max(0.0, earliest - now))
+                continue
+            wake = now + 1.0  # look again at least this often while something is stuck
+            for dog in stuck:
+                deadline = dog.expire(now)
+                if deadline is not None:
+                    wake = min(wake, deadline)
+            time.sleep(max(0.001, wake - time.monotonic()))
+
+
+reaper = Reaper()
 
 
 def mark_lost(lease: Lease, reason: str) -> None:
@@ -169,20 +243,3 @@ def mark_lost(lease: Lease, reason: str) -> None:
             callback(lease)
         except Exception:
             logger.exception("on_lost callback for %r failed", lease.key)
-
-
-_watchdog = Watchdog()
-
-
-def _reset_after_fork() -> None:
-    # the child has no renewal thread and must not renew its parent's leases
-    global _watchdog
-    _watchdog = Watchdog()
-
-
-os.register_at_fork(after_in_child=_reset_after_fork)
-
-
-def watchdog() -> Watchdog:
-    """This process's watchdog."""
-    return _watchdog

@@ -65,6 +65,12 @@ def test_check_reports_a_config(
     config.write_text('[scenarios]\nx = { chain = ["nope"] }\n')
     assert main(["check", str(config)]) == 1
     assert "scenarios.x.chain[0]" in capsys.readouterr().err
+    config.write_text('[backends]\ndb = { type = "database", url = "mysql://u:hunter2@/x:y" }\n')
+    command = [sys.executable, "-m", "locks", "check", str(config)]
+    done = subprocess.run(command, capture_output=True, text=True, check=False)
+    assert done.returncode == 1, done.stderr
+    assert "backends.db.url" in done.stderr and "Traceback" not in done.stderr
+    assert "hunter2" not in done.stderr
 
 
 # -- demo, status, inspect, db init ------------------------------------------------------

@@ -39,7 +39,10 @@ BAD: list[tuple[dict[str, Any], str]] = [
     ({"backends": {"r": {"type": "redys"}}}, "backends.r.type: unknown backend type 'redys'"),
     ({"backends": {"r": {"type": "local", "url": "x"}}}, "backends.r.url: unknown key"),
     ({"backends": {"r": "local"}}, "backends.r: must be a table"),
-    ({"backends": {"r": {"type": "redis", "watchdog_ttl": -1}}}, "backends.r: watchdog_ttl"),
+    (
+        {"backends": {"r": {"type": "redis", "watchdog_ttl": -1}}},
+        "backends.r.watchdog_ttl: watchdog_ttl",
+    ),
     (
         {"backends": {"a": {"type": "local"}}, "scenarios": {"s": {"chain": ["a", "b"]}}},
         "scenarios.s.chain[1]: unknown backend 'b'",
@@ -51,7 +54,7 @@ BAD: list[tuple[dict[str, Any], str]] = [
     ({"scenarios": {"s": {"preset": "gold"}}}, "scenarios.s.preset: unknown preset 'gold'"),
     (
         {"backends": {"a": {"type": "local"}}, "scenarios": {"s": {"chain": ["a"], "mode": "x"}}},
-        "scenarios.s: mode",
+        "scenarios.s.mode: mode",
     ),
     ({"backends": {"a": {"type": "local"}}, "switch": {"force": "b"}}, "switch.force: unknown"),
     ({"switch": {"disable": ["zk"]}}, "switch.disable: unknown backend 'zk'"),
@@ -65,6 +68,32 @@ BAD: list[tuple[dict[str, Any], str]] = [
         "switch.force: must be one backend name",
     ),
     ({"backends": {"r": {"type": "redis", "url": "redis://:${NOPE}@h/0"}}}, "NOPE is not set"),
+    # values that used to load and fail only at the first failover, or first acquire
+    (
+        {
+            "backends": {"a": {"type": "local"}},
+            "scenarios": {"s": {"chain": ["a"], "retries": "3"}},
+        },
+        "scenarios.s.retries: must be a whole number",
+    ),
+    (
+        {"backends": {"a": {"type": "local"}}, "scenarios": {"s": {"chain": ["a"], "retries": 0}}},
+        "scenarios.s.retries: must be a whole number",
+    ),
+    (
+        {
+            "backends": {
+                "a": {"type": "local"},
+            },
+            "scenarios": {"s": {"chain": ["a"], "retry_delay": -1}},
+        },
+        "scenarios.s.retry_delay: retry_delay must be >= 0",
+    ),
+    ({"backends": {"d": {"type": "database", "url": "nosuchdb://h/x"}}}, "backends.d.url: url"),
+    ({"backends": {"d": {"type": "database", "url": "::not a url::"}}}, "backends.d.url: url"),
+    ({"backends": {"z": {"type": "zookeeper", "hosts": 5}}}, "backends.z.hosts: hosts must be"),
+    ({"backends": {"z": {"type": "zookeeper", "root": "/a/./b"}}}, "backends.z.root: root"),
+    ({"backends": {"r": {"type": "redis", "watchdog_ttl": 1e17}}}, "backends.r.watchdog_ttl:"),
 ]
 
 

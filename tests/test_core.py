@@ -19,8 +19,7 @@ from locks.backends import LocalProvider, RedisHashProvider
 from locks.events import Event, EventKind, add_observer, remove_observer
 from locks.names import check_name, check_ttl, check_wait
 from locks.owner import current_owner, in_this_process, new_token
-from locks.provider import LeaseState
-from locks.watchdog import Watchdog, watchdog
+from locks.watchdog import Watchdog
 from tests.servers import RedisServer
 
 
@@ -123,7 +122,7 @@ def test_a_forked_child_never_believes_it_holds_its_parents_lock(
 
 
 def test_a_million_distinct_local_keys_leave_nothing_behind() -> None:
-    provider = LocalProvider()
+    provider = LocalProvider(name="a-million-keys")  # a namespace of its own
     for i in range(1_000_000):
         lease = provider.acquire(f"k{i}", wait=0)
         assert lease is not None
@@ -132,7 +131,7 @@ def test_a_million_distinct_local_keys_leave_nothing_behind() -> None:
 
 
 def test_local_waiters_and_timeouts_leave_nothing_behind() -> None:
-    provider = LocalProvider()
+    provider = LocalProvider(name="waiters-and-timeouts")
     lease = provider.acquire("busy")
     assert lease is not None
     threads = [
@@ -237,46 +236,64 @@ def test_events_reach_observers_and_a_failing_observer_harms_nothing() -> None:
 def test_release_stops_renewal_before_it_returns(redis_hash: RedisHashProvider, key: str) -> None:
     lease = redis_hash.acquire(key)
     assert lease is not None and lease.auto_renew
-    assert watchdog().watching(lease)
+    hold = lease.state.hold
+    assert redis_hash._watchdog.watching(hold)  # type: ignore[arg-type]
     redis_hash.release(lease)
-    assert not watchdog().watching(lease)
-
-
-def _watchdog_lease(ttl: float, owner: str = "o") -> Lease:
-    now = time.monotonic()
-    return Lease("k", "b", owner, "t", 1, ttl, 1, now, True, LeaseState(now + ttl))
+    assert not redis_hash._watchdog.watching(hold)  # type: ignore[arg-type]
 
 
 class _Renewals:
-    """A renew callback that records when each lease was renewed."""
+    """Items for a watchdog that record when each was renewed."""
 
     def __init__(self) -> None:
-        self.times: dict[int, list[float]] = {}
         self.after_unwatch: list[float] = []  # how long after `unwatch` a renewal started
-        self.unwatched_at: dict[int, float] = {}
-        self.leases: list[Lease] = []  # kept alive, so no two leases share an id()
+        self.items: list[_Item] = []  # kept alive, so no two items share an id()
 
-    def __call__(self, lease: Lease) -> bool:
+    def item(self, ttl: float) -> _Item:
+        item = _Item(self, ttl)
+        self.items.append(item)
+        return item
+
+
+class _Item:
+    """A lease-like item renewed every ttl/3, as a hold is."""
+
+    def __init__(self, renewals: _Renewals, ttl: float) -> None:
+        self.renewals = renewals
+        self.ttl = ttl
+        self.acquired_at = time.monotonic()
+        self.times: list[float] = []
+        self.unwatched_at: float | None = None
+
+    @property
+    def due(self) -> float:
+        return self.acquired_at + self.ttl / 3
+
+    def renew(self) -> float | None:
         started = time.monotonic()
-        if id(lease.state) in self.unwatched_at:
-            self.after_unwatch.append(started - self.unwatched_at[id(lease.state)])
-        self.times.setdefault(id(lease.state), []).append(started)
-        return True
+        if self.unwatched_at is not None:
+            self.renewals.after_unwatch.append(started - self.unwatched_at)
+        self.times.append(started)
+        return started + self.ttl / 3
 
-    def gaps(self, lease: Lease) -> list[float]:
-        times = [lease.acquired_at, *self.times.get(id(lease.state), [])]
+    def expire(self, now: float) -> float | None:
+        return None
+
+    def gaps(self) -> list[float]:
+        times = [self.acquired_at, *self.times]
         return [later - earlier for earlier, later in itertools.pairwise(times)]
 
 
 def test_a_short_lease_wakes_a_watchdog_that_sleeps_for_a_long_one() -> None:
-    dog, renewals = Watchdog(), _Renewals()  # its own thread, apart from the process's
-    dog.watch(_watchdog_lease(30.0), renewals, None)
+    dog, renewals = Watchdog(), _Renewals()  # its own thread, apart from any provider's
+    long = renewals.item(30.0)
+    dog.watch(long, long.due)
     time.sleep(0.05)  # the thread now sleeps until the long lease is due in 10 s
-    short = _watchdog_lease(0.3)
-    dog.watch(short, renewals, None)
+    short = renewals.item(0.3)
+    dog.watch(short, short.due)
     time.sleep(0.5)
     dog.unwatch(short)
-    gaps = renewals.gaps(short)
+    gaps = short.gaps()
     assert len(gaps) >= 3 and max(gaps) < short.ttl, gaps
 
 
@@ -284,41 +301,40 @@ def test_the_watchdog_renews_in_time_while_threads_churn_leases() -> None:
     """`watch` and `unwatch` take no lock: every renewal must still come before expiry,
     and none may start after `unwatch` returned, while eight threads churn leases."""
     dog, renewals = Watchdog(), _Renewals()
-    held: list[Lease] = []  # ttl 0.3 s: renewed every 0.1 s
+    held: list[_Item] = []  # ttl 0.3 s: renewed every 0.1 s
     stop = threading.Event()
 
     def churn(worker: int) -> None:
         while not stop.is_set():
-            lease = _watchdog_lease(30.0 if worker % 2 else 0.03)  # 0.03: due while held
-            renewals.leases.append(lease)
-            dog.watch(lease, renewals, None)
+            item = renewals.item(30.0 if worker % 2 else 0.03)  # 0.03: due while held
+            dog.watch(item, item.due)
             time.sleep(0.0005 if worker % 2 else 0.02)
-            dog.unwatch(lease)
-            renewals.unwatched_at[id(lease.state)] = time.monotonic()
+            dog.unwatch(item)
+            item.unwatched_at = time.monotonic()
 
     workers = [threading.Thread(target=churn, args=(n,)) for n in range(8)]
     for worker in workers:
         worker.start()
-    for n in range(4):
+    for _ in range(4):
         time.sleep(0.1)
-        held.append(_watchdog_lease(0.3, str(n)))
-        dog.watch(held[-1], renewals, None)
+        held.append(renewals.item(0.3))
+        dog.watch(held[-1], held[-1].due)
     time.sleep(1.5)
     stop.set()
     for worker in workers:
         worker.join()
-    for lease in held:
-        dog.unwatch(lease)
-        gaps = renewals.gaps(lease)
-        assert len(gaps) >= 10 and max(gaps) < lease.ttl, gaps
-    assert len(renewals.leases) > 1000
+    for item in held:
+        dog.unwatch(item)
+        gaps = item.gaps()
+        assert len(gaps) >= 10 and max(gaps) < item.ttl, gaps
+    assert len(renewals.items) > 1000
     assert [after for after in renewals.after_unwatch if after > 0.001] == []
 
 
 def test_a_fixed_ttl_lease_is_never_renewed(redis_hash: RedisHashProvider, key: str) -> None:
     lease = redis_hash.acquire(key, ttl=5)
     assert lease is not None and not lease.auto_renew
-    assert not watchdog().watching(lease)
+    assert not redis_hash._watchdog.watching(lease.state.hold)  # type: ignore[arg-type]
     redis_hash.release(lease)
 
 
@@ -352,6 +368,7 @@ def test_the_public_names_are_importable() -> None:
     for name in [
         "LockProvider", "Lease", "Lock", "Capabilities", "LockError", "LockTimeout",
         "LockNotOwned", "LockLost", "BackendUnavailable", "AllBackendsUnavailable", "ConfigError",
+        "BackendError", "AccessDenied",
     ]:  # fmt: skip
         assert hasattr(locks, name), name
     assert isinstance(LocalProvider(), locks.LockProvider)

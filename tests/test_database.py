@@ -4,6 +4,7 @@ server dies or turns read-only, and the minimal grant."""
 
 from __future__ import annotations
 
+import itertools
 import os
 import signal
 import threading
@@ -16,8 +17,8 @@ import pymysql  # type: ignore[import-untyped]  # no stubs in the dev extra
 import pytest
 import sqlalchemy as sa
 
-from locks import BackendUnavailable, LockNotOwned
-from locks.backends import DatabaseProvider
+from locks import BackendUnavailable, Lease, LockNotOwned
+from locks.backends import DatabaseProvider, database
 from tests.servers import MariaDBServer, SQLiteFile
 
 
@@ -253,14 +254,18 @@ def test_a_forked_child_opens_its_own_connections(
 def test_a_lease_is_released_even_after_its_provider_closed(
     mariadb_server: MariaDBServer, key: str
 ) -> None:
-    """A service shutting down closes its providers while requests still hold locks: their
-    releases must still reach the database, or the rows stay until they expire."""
+    """A service shutting down closes its providers while requests still hold locks: the
+    close releases their rows (or they would stay until they expire) and tells each
+    holder its lease is over; the holder's own release then finds it ended."""
     db = DatabaseProvider(mariadb_server.url)
-    lease = db.acquire(key, ttl=30)
+    lost: list[Lease] = []
+    lease = db.acquire(key, ttl=30, on_lost=lost.append)
     assert lease is not None
     db.close()
-    db.release(lease)
     assert mariadb_server.sql(f"SELECT COUNT(*) FROM locks.locks WHERE name = '{key}'") == "0"
+    assert lost == [lease]
+    with pytest.raises(LockNotOwned):
+        db.release(lease)
 
 
 def test_a_purge_neither_waits_for_nor_locks_rows_it_does_not_delete(
@@ -447,3 +452,50 @@ def test_many_providers_creating_the_table_at_once_all_succeed(
         assert lease is not None
         provider.release(lease)
         provider.close()
+
+
+def test_sqlite_fences_rise_within_one_millisecond_of_its_clock(tmp_path: Path) -> None:
+    """SQLite's clock counts milliseconds, and in WAL mode many grants fit in one."""
+    url = f"sqlite:///{tmp_path / 'wal.db'}"
+    setup = sa.create_engine(url)
+    with setup.connect() as conn:
+        conn.exec_driver_sql("PRAGMA journal_mode=WAL")
+    setup.dispose()
+    db = DatabaseProvider(url)
+    fences = []
+    started = time.monotonic()
+    while time.monotonic() - started < 1.0:
+        lease = db.acquire("k", ttl=30)
+        assert lease is not None
+        fences.append(lease.fence)
+        db.release(lease)
+    repeats = sum(1 for a, b in itertools.pairwise(fences) if a >= b)
+    assert repeats == 0, f"{repeats} of {len(fences)} fences did not rise"
+    assert len(fences) > 1000, "too slow to show anything: fewer than one grant per ms"
+    db.close()
+
+
+def test_a_hung_database_costs_one_socket_timeout_not_one_per_pooled_connection(
+    mariadb_server: MariaDBServer, key: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """No call runs past its `wait` by more than one socket timeout, whatever the server
+    does: here it is frozen while five idle connections wait to be pinged."""
+    monkeypatch.setattr(database, "_IDLE_PING", 0.2)
+    db = DatabaseProvider(mariadb_server.url)
+    bound = getattr(db, "socket_timeout", 5.0)
+    db.release(db.acquire(key, ttl=30) or pytest.fail("not acquired"))
+    _hold_connections(db, key, 5)
+    time.sleep(0.3)  # every idle connection is now due for a ping
+    mariadb_server.pause()
+    try:
+        started = time.monotonic()
+        with pytest.raises(BackendUnavailable):
+            db.acquire(key, ttl=30, wait=0)
+        elapsed = time.monotonic() - started
+    finally:
+        mariadb_server.resume()
+    assert elapsed < bound + 0.5, f"{elapsed:.1f} s for one try with a {bound} s timeout"
+    lease = db.acquire(key, ttl=30, wait=5)  # and it recovers
+    assert lease is not None
+    db.release(lease)
+    db.close()

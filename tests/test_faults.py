@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import redis
 
-from locks import AllBackendsUnavailable, Breaker, FallbackChain, Switch
+from locks import AllBackendsUnavailable, Breaker, FallbackChain, Lease, Switch
 from locks.backends import DatabaseProvider, LocalProvider, RedisProvider, ZooKeeperProvider
 from locks.names import redis_hash_tag
 from tests import workers
@@ -205,3 +205,38 @@ def test_a_switch_file_forcing_local_takes_effect_while_work_runs(
         switch.close()
         upper.close()
     assert {t for t, _ in tiers} == {"redis", "local"}
+
+
+def test_a_hung_database_never_delays_a_healthy_redis_lease_or_a_loss(
+    redis_server: RedisServer, mariadb_server: MariaDBServer, key: str
+) -> None:
+    """Renewals of different backends never wait on each other, and `on_lost` runs when a
+    lease's validity runs out even while its own renewal is stuck on a frozen server."""
+    db = DatabaseProvider(mariadb_server.url, watchdog_ttl=1.5)
+    fast = RedisProvider(redis_server.url, watchdog_ttl=0.6)
+    lost_at: dict[str, float] = {}
+    valid_until: dict[str, float] = {}
+
+    def note(lease: Lease) -> None:
+        lost_at[lease.key] = time.monotonic()
+
+    for n in range(5):
+        lease = db.acquire(f"{key}:db:{n}", on_lost=note)
+        assert lease is not None and lease.valid_until is not None
+        valid_until[lease.key] = lease.valid_until
+    redis_lease = fast.acquire(key, on_lost=note)
+    assert redis_lease is not None
+    mariadb_server.pause()
+    try:
+        time.sleep(3.0)  # five renewals of the Redis lease are due meanwhile
+        assert key not in lost_at, "the Redis lease was lost while Redis was healthy"
+        redis_lease.check()
+        assert fast.is_held(redis_lease)
+    finally:
+        mariadb_server.resume()
+    late = {name: lost_at[name] - until for name, until in valid_until.items() if name in lost_at}
+    assert set(late) == set(valid_until), "a database lease was never marked lost"
+    assert max(late.values()) < 0.5, f"on_lost ran late: {late}"
+    fast.release(redis_lease)
+    fast.close()
+    db.close()

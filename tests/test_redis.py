@@ -3,22 +3,37 @@ one subscriber connection, fence counters that expire and restart above themselv
 
 from __future__ import annotations
 
+import contextlib
+import socket
+import subprocess
+import sys
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import TypeVar
 
 import pytest
 import redis
 from redis.crc import key_slot
 
-from locks import BackendUnavailable, Lease
-from locks.backends import RedisHashProvider, RedisProvider
+from locks import BackendUnavailable, FallbackChain, Lease, LockError, LockNotOwned
+from locks.backends import LocalProvider, RedisHashProvider, RedisProvider
 from locks.backends.redis import _RedisProviderBase
+from locks.errors import BackendError
 from locks.events import Event, EventKind, add_observer, remove_observer
 from tests.ports import free_port
 from tests.servers import RedisServer
 
 PROVIDERS = [RedisProvider, RedisHashProvider]
+T = TypeVar("T")
+
+
+def in_thread(call: Callable[[], T]) -> T:
+    """Run `call` on another thread (another owner) and return its result."""
+    with ThreadPoolExecutor(max_workers=1) as pool:
+        return pool.submit(call).result(timeout=60)
 
 
 @pytest.fixture(params=PROVIDERS, ids=["redis", "redis-hash"])
@@ -297,3 +312,106 @@ def test_a_failed_subscribe_leaves_no_trace(redis_server: RedisServer, key: str)
     assert other is not None and time.monotonic() - started < 1.0
     provider.release(other)
     provider.close()
+
+
+# -- every driver error is ours ----------------------------------------------------------
+
+
+@pytest.fixture
+def small_redis(tmp_path: Path) -> Iterator[RedisServer]:
+    """A Redis of this test's own, so its settings harm no other test."""
+    server = RedisServer(tmp_path)
+    server.start()
+    yield server
+    server.stop()
+
+
+def test_a_redis_out_of_memory_is_unavailable_and_degrades(
+    small_redis: RedisServer, key: str
+) -> None:
+    provider = RedisHashProvider(small_redis.url, name="redis")
+    admin = redis.Redis.from_url(small_redis.url)
+    admin.config_set("maxmemory-policy", "noeviction")
+    admin.config_set("maxmemory", 1)  # every write is refused with OOM
+    with pytest.raises(BackendUnavailable, match="OutOfMemoryError"):
+        provider.acquire(key, ttl=30, wait=0)
+    chain = FallbackChain([provider, LocalProvider(name=f"oom-{key}")])
+    lease = chain.acquire(key, ttl=30, wait=0)  # OOM is a server that cannot serve now
+    assert lease is not None and lease.backend.startswith("oom-")
+    chain.release(lease)
+    admin.config_set("maxmemory", 0)
+    again = provider.acquire(key, ttl=30, wait=0)
+    assert again is not None
+    provider.release(again)
+    admin.close()
+    provider.close()
+
+
+def test_the_two_redis_types_exclude_each_other_on_one_name(
+    redis_server: RedisServer, key: str
+) -> None:
+    """A service on `redis` and another on `redis-hash` with one prefix: one lock domain,
+    never a WRONGTYPE error, fences from one counter."""
+    plain, hashed = RedisProvider(redis_server.url), RedisHashProvider(redis_server.url)
+    first = plain.acquire(key, ttl=30)
+    assert first is not None
+    assert in_thread(lambda: hashed.acquire(key, ttl=30, wait=0)) is None
+    assert hashed.holder(key) is not None
+    plain.release(first)
+    second = hashed.acquire(key, ttl=30)
+    assert second is not None and second.fence > first.fence
+    assert in_thread(lambda: plain.acquire(key, ttl=30, wait=0)) is None
+    holder = plain.holder(key)
+    assert holder is not None and holder.owner == second.owner
+    with pytest.raises(LockNotOwned):  # a stale `redis` lease meets a hash: not its lock
+        plain.release(first)
+    assert hashed.is_held(second)
+    hashed.release(second)
+    plain.close()
+    hashed.close()
+
+
+@pytest.fixture
+def not_redis() -> Iterator[str]:
+    """An address where something that is not Redis answers (an HTTP-ish server)."""
+    listener = socket.create_server(("127.0.0.1", 0))
+    port = listener.getsockname()[1]
+    stop = threading.Event()
+
+    def serve() -> None:
+        listener.settimeout(0.1)
+        while not stop.is_set():
+            try:
+                conn, _ = listener.accept()
+            except TimeoutError:
+                continue
+            with conn, contextlib.suppress(OSError):
+                conn.recv(1024)
+                conn.sendall(b"HTTP/1.1 400 Bad Request\r\nContent-Length: 0\r\n\r\n")
+
+    thread = threading.Thread(target=serve, daemon=True)
+    thread.start()
+    yield f"redis://127.0.0.1:{port}/0"
+    stop.set()
+    thread.join()
+    listener.close()
+
+
+def test_a_service_that_is_not_redis_is_a_backend_error_not_a_crash(
+    not_redis: str, key: str, tmp_path: Path
+) -> None:
+    provider = RedisProvider(not_redis)
+    with pytest.raises(BackendError, match="redis backend 'redis'"):
+        provider.ping()
+    with pytest.raises(LockError):
+        provider.acquire(key, ttl=30, wait=0)
+    provider.close()
+    config = tmp_path / "locks.toml"
+    config.write_text(f'[backends]\nr = {{ type = "redis", url = "{not_redis}" }}\n')
+    for command in (["status"], ["inspect", key]):
+        done = subprocess.run(
+            [sys.executable, "-m", "locks", *command, "--config", str(config)],
+            capture_output=True, text=True, check=False, timeout=60,
+        )  # fmt: skip
+        assert done.returncode in (1, 3), done.stdout + done.stderr
+        assert "Traceback" not in done.stderr, done.stderr

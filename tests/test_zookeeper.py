@@ -13,7 +13,7 @@ from collections.abc import Iterator
 import pytest
 from kazoo.client import KazooClient
 
-from locks import BackendUnavailable, LockLost
+from locks import BackendUnavailable, Lease, LockLost
 from locks.backends import ZooKeeperProvider
 from locks.names import zookeeper_node_name
 from tests import workers
@@ -208,3 +208,75 @@ def test_reentrant_leases_share_one_node(
     zk.release(inner)
     zk.release(outer)
     assert admin.get_children(f"/locks/{zookeeper_node_name(key)}") == []
+
+
+def test_a_nested_acquire_while_suspended_is_refused(
+    zookeeper_server: ZooKeeperServer, key: str
+) -> None:
+    """A nested level is vouched for by the session, like the first: while the session is
+    in doubt it is refused, never answered from the count kept in the process."""
+    zk = ZooKeeperProvider(zookeeper_server.hosts, session_timeout=9.0)
+    outer = zk.acquire(key)
+    assert outer is not None
+    zookeeper_server.pause()
+    try:
+        assert wait_for(lambda: outer.state.suspended, 8), "never suspended"
+        with pytest.raises(BackendUnavailable):
+            zk.acquire(key, wait=0)
+    finally:
+        zookeeper_server.resume()
+    assert wait_for(lambda: not outer.state.suspended, 10), "never reconnected"
+    inner = zk.acquire(key, wait=0)
+    assert inner is not None and inner.depth == 2
+    inner.check()
+    zk.release(inner)
+    zk.release(outer)
+    zk.close()
+
+
+def test_a_session_unanswered_for_its_timeout_loses_its_leases(
+    zookeeper_server: ZooKeeperServer, key: str
+) -> None:
+    """kazoo says LOST only once it reaches a server again; with the server gone for good
+    the holder must still be told, once the session timeout has passed (as Curator does)."""
+    zk = ZooKeeperProvider(zookeeper_server.hosts, session_timeout=2.0)
+    lost: list[Lease] = []
+    lease = zk.acquire(key, on_lost=lost.append)
+    assert lease is not None
+    zookeeper_server.kill()
+    killed_at = time.monotonic()
+    assert wait_for(lambda: bool(lost), 6), "the lease was never marked lost"
+    assert time.monotonic() - killed_at < 2.0 + 2.0
+    assert lost == [lease] and lease.lost
+    with pytest.raises(LockLost):
+        lease.check()
+    time.sleep(0.5)
+    assert len(lost) == 1, "on_lost must run once"
+    zk.close()
+
+
+def test_a_waiter_keeps_one_watch_however_long_it_waits(
+    zk: ZooKeeperProvider, zookeeper_server: ZooKeeperServer, key: str
+) -> None:
+    holder = zk.acquire(key)
+    assert holder is not None
+    waiter = ZooKeeperProvider(zookeeper_server.hosts, session_timeout=4.0)
+    got: list[Lease | None] = []
+    thread = threading.Thread(target=lambda: got.append(waiter.acquire(key, wait=20)))
+    thread.start()
+    time.sleep(4.5)  # the waiter re-reads the queue every second
+    watchers = sum(len(found) for found in waiter.client._data_watchers.values())
+    zk.release(holder)
+    thread.join(10)
+    assert watchers == 1, f"{watchers} watches piled up on the predecessor"
+    assert got and got[0] is not None
+    waiter.release(got[0])
+    waiter.close()
+
+
+@pytest.mark.parametrize(
+    "root", ["/a/./b", "/a/../b", "/a//b", "/a\x00b", "/a\x1fb", "/", "a/b", "/a/"]
+)
+def test_a_root_zookeeper_would_refuse_is_refused_before_any_io(root: str) -> None:
+    with pytest.raises(ValueError, match="root"):
+        ZooKeeperProvider("127.0.0.1:1", root=root)  # nobody listens: no I/O is attempted

@@ -10,10 +10,18 @@ in the OK packet; elsewhere `RETURNING`), so nothing is read back and no transac
 opened. (The upsert alone would do; on MariaDB parsing its long update clause costs as
 much as a fifth of the whole cycle, so the common case skips it.)
 
-Release deletes the row at its last level; rows of holders that died are taken over when
-expired, or purged after `purge_after`. Fences: a new row starts from the server clock in
+A row is one grant (depth 1): nested levels are counted in the holder's process
+(`locks.holds`). A row already held by the acquiring owner is one its process lost
+track of (a lost reply, a release not yet delivered): it is taken over as a new grant,
+with a new token and fence. Release, renewal and `is_held` are guarded by owner, fence
+and the row's expiry, so an expired lease can never be released or brought back.
+
+Release deletes the row; rows of holders that died are taken over when expired, or
+purged after `purge_after`. Fences: a new row starts from the server clock in
 microseconds and a take-over gives max(fence + 1, clock), so fences strictly increase as
-long as the database server's clock does not step back.
+long as the database server's clock does not step back. SQLite's clock counts
+milliseconds, so a released row is kept there (marked free, expiring at once) and the
+next grant counts on from its fence.
 
 Minimal privileges for the lock user: SELECT, INSERT, UPDATE, DELETE on the lock table
 (plus CREATE on the database if the provider is to create the table itself).
@@ -23,9 +31,10 @@ from __future__ import annotations
 
 import logging
 import random
+import re
 import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Hashable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -38,6 +47,7 @@ from sqlalchemy.schema import CreateTable
 from locks.backends.dbpool import ConnectionPool
 from locks.backends.wakeups import Wakeups
 from locks.base import Grant, ProviderBase
+from locks.errors import AccessDenied, BackendError, BackendUnavailable
 from locks.names import check_name, check_seconds
 from locks.provider import Capabilities, Holder, Lease
 
@@ -45,7 +55,12 @@ logger = logging.getLogger("locks")
 
 # errors meaning "the database cannot serve us now"
 _UNAVAILABLE = (exc.OperationalError, exc.InterfaceError, exc.DisconnectionError, exc.TimeoutError)
-_DEPTH_BITS = 1024  # MySQL packs fence * 1024 + depth into LAST_INSERT_ID
+# MySQL/MariaDB and PostgreSQL refusing credentials or a privilege: a configuration
+# error, never an outage (1044/1045 access to a database or as a user, 1142/1143 to a
+# table or column, 1227/1370 a privilege; PostgreSQL 28000/28P01 authentication,
+# 42501 insufficient privilege)
+_MYSQL_DENIED = {1044, 1045, 1142, 1143, 1227, 1370, 1698}
+_PG_DENIED = {"28000", "28P01", "42501"}
 _PURGE_EVERY = 1000  # releases between purges of rows left by dead holders
 _DEADLOCK_RETRIES = 10  # a statement chosen as a deadlock victim is run again this often
 _IDLE_PING = 5.0  # a pooled connection idle for longer is pinged before use
@@ -73,66 +88,52 @@ ON CONFLICT (name) DO NOTHING
 RETURNING fence, depth
 """
 
-# MySQL applies ON DUPLICATE KEY UPDATE assignments left to right, each seeing the ones
-# before it: the row's old expiry and owner decide, so `owner` and `expires_at` go last.
+# A row is there: take it over if it has expired, or if it is this owner's (a grant its
+# process lost track of). MySQL applies ON DUPLICATE KEY UPDATE assignments left to
+# right, each seeing the ones before it: the row's old expiry and owner decide, so
+# `owner` and `expires_at` go last; the fence comes back through LAST_INSERT_ID (0: held).
 _MYSQL_UPSERT = """
 INSERT INTO {t} (name, owner, token, depth, fence, expires_at, acquired_at)
-VALUES (:name, :owner, :token, 1, LAST_INSERT_ID({now} * 1024 + 1) DIV 1024,
-        fence + :ttl_us, fence)
+VALUES (:name, :owner, :token, 1, LAST_INSERT_ID({now}), fence + :ttl_us, fence)
 ON DUPLICATE KEY UPDATE
-  depth = IF(expires_at <= {now}, 1, IF(owner = VALUES(owner), depth + 1, depth)),
-  fence = IF(expires_at <= {now}, GREATEST(fence + 1, {now}), fence),
-  token = IF(expires_at <= {now}, VALUES(token), token),
-  acquired_at = IF(expires_at <= {now}, {now}, acquired_at),
+  fence = IF(expires_at <= {now} OR owner = VALUES(owner), GREATEST(fence + 1, {now}), fence),
+  token = IF(expires_at <= {now} OR owner = VALUES(owner), VALUES(token), token),
+  depth = 1,
+  acquired_at = IF(expires_at <= {now} OR owner = VALUES(owner), {now}, acquired_at),
   owner = IF(expires_at <= {now}, VALUES(owner), owner),
-  expires_at = IF(
-    LAST_INSERT_ID(IF(owner = VALUES(owner), fence * 1024 + LEAST(depth, 1023), 0)) > 0,
-    GREATEST(expires_at, VALUES(expires_at)), expires_at)
+  expires_at = IF(LAST_INSERT_ID(IF(owner = VALUES(owner), fence, 0)) > 0,
+                  VALUES(expires_at), expires_at)
 """
 
-# ON CONFLICT assignments all see the old row, so the order does not matter here. Either
-# way the expiry only grows: a take-over starts past the old one, and a nested grant may
-# lengthen the outer lease but never shorten it.
+# ON CONFLICT assignments all see the old row, so the order does not matter here.
 _UPSERT = """
 INSERT INTO {t} AS l (name, owner, token, depth, fence, expires_at, acquired_at)
 VALUES (:name, :owner, :token, 1, {now}, {now} + :ttl_us, {now})
 ON CONFLICT (name) DO UPDATE SET
-  depth = CASE WHEN l.expires_at <= {now} THEN 1 ELSE l.depth + 1 END,
-  fence = CASE WHEN l.expires_at <= {now} THEN {greatest}(l.fence + 1, {now}) ELSE l.fence END,
-  token = CASE WHEN l.expires_at <= {now} THEN excluded.token ELSE l.token END,
-  acquired_at = CASE WHEN l.expires_at <= {now} THEN {now} ELSE l.acquired_at END,
-  owner = excluded.owner,
-  expires_at = {greatest}(l.expires_at, excluded.expires_at)
+  fence = {greatest}(l.fence + 1, {now}), token = excluded.token, depth = 1,
+  acquired_at = {now}, owner = excluded.owner, expires_at = excluded.expires_at
 WHERE l.expires_at <= {now} OR l.owner = excluded.owner
 RETURNING fence, depth
 """
 
-# The fence names the ownership period (a reentrant grant learns the row's fence, not
-# its token), so it guards release and renewal together with the owner. The last level
-# deletes the row; an inner level only counts down.
-_RELEASE_LAST = """
-DELETE FROM {t} WHERE name = :name AND owner = :owner AND fence = :fence AND depth = 1
-"""
+# The fence names the grant, so it guards release and renewal together with the owner;
+# the expiry too, so an expired lease is over even while nobody has taken the row.
+_GRANT = "name = :name AND owner = :owner AND fence = :fence AND expires_at > {now}"
 
-_RELEASE_LEVEL = """
-UPDATE {t} SET depth = depth - 1
-WHERE name = :name AND owner = :owner AND fence = :fence AND depth > 1
-"""
+_RELEASE = "DELETE FROM {t} WHERE " + _GRANT
+
+# where released rows are kept (SQLite): free at once, its fence kept for the next grant
+_RELEASE_KEEP = "UPDATE {t} SET expires_at = {now} WHERE " + _GRANT
 
 # a grant whose reply was lost: its token is known, its fence is not
-_RELEASE_TOKEN = """
-DELETE FROM {t} WHERE name = :name AND owner = :owner AND token = :token AND depth = 1
-"""
+_RELEASE_TOKEN = "DELETE FROM {t} WHERE name = :name AND owner = :owner AND token = :token"
+_RELEASE_TOKEN_KEEP = (
+    "UPDATE {t} SET expires_at = {now} WHERE name = :name AND owner = :owner AND token = :token"
+)
 
-_EXTEND = """
-UPDATE {t} SET expires_at = {now} + :ttl_us
-WHERE name = :name AND owner = :owner AND fence = :fence
-"""
+_EXTEND = "UPDATE {t} SET expires_at = {now} + :ttl_us WHERE " + _GRANT
 
-_IS_HELD = """
-SELECT 1 FROM {t} WHERE name = :name AND owner = :owner AND fence = :fence
-AND expires_at > {now}
-"""
+_IS_HELD = "SELECT 1 FROM {t} WHERE " + _GRANT
 
 _HOLDER = """
 SELECT owner, depth, fence, expires_at - {now} FROM {t}
@@ -210,6 +211,7 @@ class DatabaseProvider(ProviderBase):
         watchdog_ttl: float = 30.0,
         create_table: bool = True,
         connect_timeout: float = 1.0,
+        socket_timeout: float = 2.0,
         pool_size: int = 10,
         pool_timeout: float = 5.0,
         purge_after: float = 3600.0,
@@ -220,11 +222,15 @@ class DatabaseProvider(ProviderBase):
         self.purge_after = check_seconds(purge_after, "purge_after")
         engine_given = engine is not None
         self._owns_engine = not engine_given
+        self.socket_timeout = check_seconds(socket_timeout, "socket_timeout")
         if engine is None:
             if not isinstance(url, str):
                 raise TypeError(f"url must be a str, not {type(url).__name__}")
             engine = _make_engine(
-                url, check_seconds(connect_timeout, "connect_timeout"), dict(connect_args or {})
+                url,
+                check_seconds(connect_timeout, "connect_timeout"),
+                self.socket_timeout,
+                dict(connect_args or {}),
             )
         elif not isinstance(engine, Engine):
             raise TypeError(f"engine must be a sqlalchemy Engine, not {type(engine).__name__}")
@@ -242,6 +248,9 @@ class DatabaseProvider(ProviderBase):
             )
         self._dialect = dialect
         self._mysql = dialect == "mysql"
+        # SQLite's clock counts milliseconds: a deleted row's successor could repeat its
+        # fence, so released rows are kept there and the next grant counts on
+        self._keeps_rows = dialect == "sqlite"
         self._connections = ConnectionPool(
             engine, _pool_size(pool_size), check_seconds(pool_timeout, "pool_timeout"), _IDLE_PING
         )
@@ -250,6 +259,7 @@ class DatabaseProvider(ProviderBase):
         self._dbapi_error: type[Any] = engine.dialect.loaded_dbapi.Error
         dbapi = engine.dialect.loaded_dbapi
         self.unavailable_errors = (*_UNAVAILABLE, dbapi.OperationalError, dbapi.InterfaceError)
+        self.driver_errors = (exc.SQLAlchemyError, dbapi.Error)
         self.address = _address(engine)
         quoted = engine.dialect.identifier_preparer.quote(self.table_name)
         parts = {"t": quoted, "now": _CLOCK_US[dialect], "greatest": _GREATEST[dialect]}
@@ -260,10 +270,11 @@ class DatabaseProvider(ProviderBase):
         self._insert_sql = compiled(_MYSQL_INSERT if self._mysql else _INSERT)
         self._upsert_sql = compiled(_MYSQL_UPSERT if self._mysql else _UPSERT)
         self._duplicate_key: type[Any] = dbapi.IntegrityError
-        self._release_last_sql = compiled(_RELEASE_LAST)
-        self._release_level_sql = compiled(_RELEASE_LEVEL)
+        self._release_sql = compiled(_RELEASE_KEEP if self._keeps_rows else _RELEASE)
         self._extend_sql = compiled(_EXTEND)
-        self._release_token_sql = compiled(_RELEASE_TOKEN)
+        self._release_token_sql = compiled(
+            _RELEASE_TOKEN_KEEP if self._keeps_rows else _RELEASE_TOKEN
+        )
         self._is_held_sql = compiled(_IS_HELD)
         self._holder_sql = compiled(_HOLDER)
         self._purge_sql = compiled(_PURGE)
@@ -317,6 +328,16 @@ class DatabaseProvider(ProviderBase):
 
     def _secret(self) -> str | None:
         return self.engine.url.password
+
+    def _domain(self) -> Hashable:
+        return ("database", self.engine.url.render_as_string(hide_password=True), self.table_name)
+
+    def _classify(self, error: BaseException) -> type[BackendUnavailable] | type[BackendError]:
+        cause = getattr(error, "orig", None) or error
+        code = cause.args[0] if cause.args else None
+        if code in _MYSQL_DENIED or getattr(cause, "pgcode", None) in _PG_DENIED:
+            return AccessDenied
+        return super()._classify(error)
 
     def _run(
         self,
@@ -395,29 +416,22 @@ class DatabaseProvider(ProviderBase):
             if self._mysql:
                 return Grant(token, fence, 1, sent_at)  # LAST_INSERT_ID: the new row's fence
         if row is None:
-            _, packed, row = self._run(
+            _, fence, row = self._run(
                 self._upsert_sql, params, ambiguous=True, key=key, token=token
             )
             if self._mysql:
-                return Grant(token, *divmod(packed, _DEPTH_BITS), sent_at) if packed else None
-        return Grant(token, int(row[0]), int(row[1]), sent_at) if row is not None else None
+                return Grant(token, fence, 1, sent_at) if fence else None
+        return Grant(token, int(row[0]), 1, sent_at) if row is not None else None
 
     def _release(self, lease: Lease) -> bool:
         params = {"name": lease.key, "owner": lease.owner, "fence": lease.fence}
-        # try the level this lease most likely is first; the WHERE clauses decide
-        first, then = self._release_last_sql, self._release_level_sql
-        if lease.depth > 1:
-            first, then = then, first
-        if self._run(first, params)[0] == 1:
-            done: _Statement | None = first
-        else:
-            done = then if self._run(then, params)[0] == 1 else None
-        if done is self._release_last_sql:  # the row is gone: the lock is free
+        released = self._run(self._release_sql, params)[0] == 1
+        if released:  # the lock is free
             self._wakeups.wake(lease.key)
         self._releases += 1
         if self._releases % _PURGE_EVERY == 0:
             self.purge()
-        return done is not None
+        return released
 
     def _release_unknown(self, lease: Lease) -> bool:
         params = {"name": lease.key, "owner": lease.owner, "token": lease.token}
@@ -459,8 +473,8 @@ class DatabaseProvider(ProviderBase):
         row = self._run(self._holder_sql, {"name": key})[2]
         if row is None:
             return None
-        owner, depth, fence, left_us = row
-        return Holder(key, self.name, owner, int(depth), int(fence), int(left_us) / 1e6)
+        owner, _, fence, left_us = row
+        return Holder(key, self.name, owner, None, int(fence), int(left_us) / 1e6)
 
     def ping(self) -> None:
         self._run(self._ping_sql, {})
@@ -472,23 +486,37 @@ class DatabaseProvider(ProviderBase):
             self.engine.dispose()
 
 
-def _make_engine(url: str, connect_timeout: float, connect_args: dict[str, Any]) -> Engine:
+def _make_engine(
+    url: str, connect_timeout: float, socket_timeout: float, connect_args: dict[str, Any]
+) -> Engine:
     """An engine whose connections run in autocommit mode: one statement, one round trip.
     It pools nothing itself (`ConnectionPool` does); it makes connections, and serves
     the rare setup statements."""
-    parsed = sa.engine.make_url(url)
+    try:
+        parsed = sa.engine.make_url(url)
+    except exc.ArgumentError as error:
+        raise ValueError(f"url {_redacted(url)!r} is not a database URL: {error}") from None
     backend = parsed.get_backend_name()
     if backend in ("mysql", "mariadb"):
         connect_args.setdefault("connect_timeout", max(1, round(connect_timeout)))
-        connect_args.setdefault("read_timeout", 5)
-        connect_args.setdefault("write_timeout", 5)
+        # a hung server holds a statement (and the handshake) this long, no longer
+        connect_args.setdefault("read_timeout", socket_timeout)
+        connect_args.setdefault("write_timeout", socket_timeout)
     elif backend == "postgresql":
         connect_args.setdefault("connect_timeout", max(1, round(connect_timeout)))
     elif backend == "sqlite":
         connect_args.setdefault("timeout", 10.0)  # wait for the file lock this long
-    return sa.create_engine(
-        parsed, isolation_level="AUTOCOMMIT", poolclass=NullPool, connect_args=connect_args
-    )
+    try:
+        return sa.create_engine(
+            parsed, isolation_level="AUTOCOMMIT", poolclass=NullPool, connect_args=connect_args
+        )
+    except (exc.ArgumentError, exc.NoSuchModuleError, ImportError) as error:
+        raise ValueError(f"url {_redacted(url)!r}: {error}") from None
+
+
+def _redacted(url: str) -> str:
+    """`url` with any password replaced, for error messages."""
+    return re.sub(r"(://[^:/@]*:)[^@/]*@", r"\1***@", url)
 
 
 def _pool_size(size: int) -> int:

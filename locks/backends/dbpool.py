@@ -34,6 +34,7 @@ from locks.forking import start_afresh_when_forked
 _inherited: list[Any] = []  # in a forked child: the parent's connections, never used
 
 _NEW = object()  # handed to a queued taker: a place is free, open a connection in it
+_SLOW_PING = 0.25  # seconds: a ping that failed after this long met a hung server
 
 
 class _Slot:
@@ -86,13 +87,22 @@ class ConnectionPool:
                 if entry is _NEW:
                     return self._connect()
             connection, used_at = entry
+            pinged_at = time.monotonic()
             try:
-                if time.monotonic() - used_at < self._ping_after or self._alive(connection):
+                if pinged_at - used_at < self._ping_after or self._alive(connection):
                     return connection
             except BaseException:  # interrupted while pinging: the place must not be lost
                 self.discard(connection)
                 raise
-            self.discard(connection)  # the server closed it, or restarted: try another
+            # Dead. The others idle as long most likely are too: close them all rather
+            # than ping each in turn (a frozen server would hold every ping for a whole
+            # socket timeout). A ping that failed at once means the server closed or
+            # restarted: a new connection will do. One that failed slowly means the
+            # server hangs: say so now, within this one timeout.
+            self.discard(connection)
+            self.discard_idle()
+            if time.monotonic() - pinged_at > _SLOW_PING:
+                raise exc.DisconnectionError("the database did not answer a ping in time")
 
     def give(self, connection: Any) -> None:
         if self._closed or len(self._idle) >= self._size:

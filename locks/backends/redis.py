@@ -9,24 +9,36 @@ import functools
 import hashlib
 import time
 from abc import abstractmethod
+from collections.abc import Hashable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
 import redis
+from redis import exceptions as errors
 from redis.backoff import NoBackoff
-from redis.exceptions import ConnectionError as RedisConnectionError
-from redis.exceptions import NoScriptError, ReadOnlyError
-from redis.exceptions import TimeoutError as RedisTimeoutError
 from redis.retry import Retry
 
 from locks.backends import redis_scripts as scripts
 from locks.backends.redis_notify import NO_RESULT, ReleaseNotifier
 from locks.base import Grant, ProviderBase
+from locks.errors import AccessDenied, BackendError, BackendUnavailable
 from locks.names import check_name, check_seconds, redis_hash_tag
 from locks.provider import Capabilities, Holder, Lease
 
-# errors meaning "this Redis cannot serve us now"; anything else is a bug worth raising
-_UNAVAILABLE = (RedisConnectionError, RedisTimeoutError, ReadOnlyError, OSError)
+# "This Redis cannot serve us now": unreachable, timed out, a demoted primary (READONLY),
+# still loading its data (LOADING), out of memory (OOM), no primary (MASTERDOWN,
+# CLUSTERDOWN, TRYAGAIN). The only errors that degrade a chain.
+_UNAVAILABLE = (
+    errors.ConnectionError, errors.TimeoutError, errors.ReadOnlyError, errors.BusyLoadingError,
+    errors.OutOfMemoryError, errors.ClusterDownError, errors.TryAgainError, OSError,
+)  # fmt: skip
+# Credentials or ACLs refused: WRONGPASS/NOAUTH (AuthenticationError, which redis-py
+# derives from ConnectionError: it is sorted first), NOPERM.
+_DENIED = (errors.AuthenticationError, errors.AuthorizationError, errors.NoPermissionError,
+           errors.AuthenticationWrongNumberOfArgsError)  # fmt: skip
+# inside a script, a command the ACL forbids fails with a plain error carrying this text
+_SCRIPT_DENIED = "can't run this command"
 
 
 @dataclass(frozen=True, slots=True)
@@ -41,6 +53,8 @@ class _RedisProviderBase(ProviderBase):
     """What the two Redis algorithms share: client, keys, waiting, error translation."""
 
     unavailable_errors = _UNAVAILABLE
+    denied_errors = _DENIED
+    driver_errors = (errors.RedisError,)
     acquire_lua: ClassVar[str]
     release_lua: ClassVar[str]
     extend_lua: ClassVar[str]
@@ -83,10 +97,11 @@ class _RedisProviderBase(ProviderBase):
             raise TypeError(f"client must be a redis.Redis, not {type(client).__name__}")
         self.client = client
         self.address = _address(client)
-        self._notifier = ReleaseNotifier(client, self._unavailable, confirm_timeout=socket_timeout)
+        self._notifier = ReleaseNotifier(client, self._error, confirm_timeout=socket_timeout)
         self._acquire_script = _Script(client, self.acquire_lua)
         self._release_script = _Script(client, self.release_lua)
         self._extend_script = _Script(client, self.extend_lua)
+        self._holder_script = _Script(client, scripts.READ_HOLDER)
 
     # -- the algorithm's part -----------------------------------------------------------
 
@@ -98,6 +113,15 @@ class _RedisProviderBase(ProviderBase):
 
     def _keys(self, key: str) -> _Keys:
         return _keys(self.prefix, key)
+
+    def _domain(self) -> Hashable:
+        db = self.client.connection_pool.connection_kwargs.get("db", 0)
+        return ("redis", self.address, db, self.prefix)
+
+    def _classify(self, error: BaseException) -> type[BackendUnavailable] | type[BackendError]:
+        if isinstance(error, errors.ResponseError) and _SCRIPT_DENIED in str(error):
+            return AccessDenied
+        return super()._classify(error)
 
     def _acquire(
         self, key: str, owner: str, token: str, ttl: float, deadline: float | None
@@ -130,17 +154,15 @@ class _RedisProviderBase(ProviderBase):
         args = self._acquire_args(keys, owner, token, ttl_ms)
         try:
             reply = self._acquire_script([keys.lock, keys.fence], args)
-        except self.unavailable_errors as exc:
+        except (errors.RedisError, OSError) as exc:
             # refused at connect: the script was never sent, so nothing can have been taken
             sent = not isinstance(exc.__context__, ConnectionRefusedError)
-            raise self._unavailable(exc, ambiguous=sent, key=keys.name, token=token) from exc
+            raise self._error(exc, ambiguous=sent, key=keys.name, token=token) from exc
         # the reply shapes are described in redis_scripts
         if isinstance(reply, int):
             if reply > 0:
                 return Grant(token, reply, 1, sent_at)
             pttl, own = -reply - 1, False
-        elif len(reply) == 3:
-            return Grant(_text(reply[2]) or token, int(reply[0]), int(reply[1]), sent_at)
         else:
             pttl, own = int(reply[0]), True
         if deadline is not None and time.monotonic() >= deadline:
@@ -152,6 +174,23 @@ class _RedisProviderBase(ProviderBase):
     def _script(self, script: _Script, keys: list[str], args: list[Any]) -> Any:
         with self._translated():
             return script(keys, args)
+
+    def _holder(self, key: str) -> Holder | None:
+        """Either type's holder: a lock of the other type excludes this one too."""
+        keys = self._keys(key)
+        reply = self._script(self._holder_script, [keys.lock, keys.fence], [])
+        if len(reply) < 4:
+            return None
+        kind, pttl, fence, value = str(_text(reply[0])), reply[1], reply[2], reply[3]
+        if kind == "string":  # the `redis` type's value is owner/token
+            owner = str(_text(value)).rsplit("/", 1)[0]
+        else:
+            fields = [str(_text(field)) for field in value[::2]]
+            owners = [field for field in fields if not field.startswith("~")]
+            if not owners:
+                return None
+            owner = owners[0]  # one owner field, beside ~token and ~fence
+        return Holder(key, self.name, owner, None, _int(fence), _seconds(pttl))
 
     def _secret(self) -> str | None:
         password = self.client.connection_pool.connection_kwargs.get("password")
@@ -200,22 +239,10 @@ class RedisProvider(_RedisProviderBase):
         return bool(self._script(self._extend_script, [self._keys(lease.key).lock], args) == 1)
 
     def _is_held(self, lease: Lease) -> bool:
-        with self._translated():
+        with self._translated(), _other_type_is_not_ours():
             value = self.client.get(self._keys(lease.key).lock)
-        return _text(value) == _plain_value(lease)
-
-    def _holder(self, key: str) -> Holder | None:
-        keys = self._keys(key)
-        with self._translated():
-            pipe = self.client.pipeline(transaction=True)  # one snapshot of both keys
-            pipe.get(keys.lock)
-            pipe.pttl(keys.lock)
-            pipe.get(keys.fence)
-            value, pttl, fence = pipe.execute()
-        if value is None:
-            return None
-        owner = str(_text(value)).rsplit("/", 1)[0]  # the value is owner/token
-        return Holder(key, self.name, owner, 1, _int(fence), _seconds(pttl))
+            return _text(value) == _plain_value(lease)
+        return False
 
 
 class RedisHashProvider(_RedisProviderBase):
@@ -241,32 +268,17 @@ class RedisHashProvider(_RedisProviderBase):
 
     def _release(self, lease: Lease) -> bool:
         keys = self._keys(lease.key)
-        args = [lease.owner, lease.token, keys.channel]
-        return int(self._script(self._release_script, [keys.lock], args)) >= 0
+        args = [lease.token, keys.channel]
+        return bool(self._script(self._release_script, [keys.lock], args) == 1)
 
     def _extend(self, lease: Lease, ttl: float) -> bool:
-        args = [lease.owner, lease.token, _ms(ttl)]
+        args = [lease.token, _ms(ttl)]
         return bool(self._script(self._extend_script, [self._keys(lease.key).lock], args) == 1)
 
     def _is_held(self, lease: Lease) -> bool:
-        with self._translated():
-            token, depth = self.client.hmget(self._keys(lease.key).lock, ["~token", lease.owner])
-        return _text(token) == lease.token and depth is not None
-
-    def _holder(self, key: str) -> Holder | None:
-        keys = self._keys(key)
-        with self._translated():
-            pipe = self.client.pipeline(transaction=True)
-            pipe.hgetall(keys.lock)
-            pipe.pttl(keys.lock)
-            fields, pttl = pipe.execute()
-        decoded = {str(_text(name)): str(_text(value)) for name, value in fields.items()}
-        owners = [(name, value) for name, value in decoded.items() if not name.startswith("~")]
-        if not owners:
-            return None
-        owner, depth = owners[0]  # one owner field, beside ~token and ~fence
-        fence = _int(decoded.get("~fence"))
-        return Holder(key, self.name, owner, int(depth), fence, _seconds(pttl))
+        with self._translated(), _other_type_is_not_ours():
+            return _text(self.client.hget(self._keys(lease.key).lock, "~token")) == lease.token
+        return False
 
 
 class _Script:
@@ -285,11 +297,22 @@ class _Script:
             return self._client.execute_command(  # type: ignore[no-untyped-call]
                 "EVALSHA", self._sha, len(keys), *keys, *args
             )
-        except NoScriptError:
+        except errors.NoScriptError:
             self._client.script_load(self._source)
             return self._client.execute_command(  # type: ignore[no-untyped-call]
                 "EVALSHA", self._sha, len(keys), *keys, *args
             )
+
+
+@contextmanager
+def _other_type_is_not_ours() -> Iterator[None]:
+    """A read of the other lock type's key (WRONGTYPE) finds nothing of ours: the
+    statement after the `with` runs instead of an error."""
+    try:
+        yield
+    except errors.ResponseError as exc:
+        if not str(exc).startswith("WRONGTYPE"):
+            raise
 
 
 def _int(value: Any) -> int | None:

@@ -28,7 +28,7 @@ from redis import Redis
 from redis.client import PubSub
 from redis.exceptions import RedisError
 
-from locks.errors import BackendUnavailable
+from locks.errors import LockError
 
 logger = logging.getLogger("locks")
 
@@ -107,12 +107,12 @@ class ReleaseNotifier:
     def __init__(
         self,
         client: Redis,
-        unavailable: Callable[[Exception], BackendUnavailable],
+        translate: Callable[[Exception], LockError],
         confirm_timeout: float,
         linger: float = 1.0,
     ) -> None:
         self._client = client
-        self._unavailable = unavailable
+        self._translate = translate  # a driver's error as ours
         self._confirm_timeout = confirm_timeout
         self._linger = linger
         self._reset()
@@ -164,7 +164,7 @@ class ReleaseNotifier:
         try:
             self._pubsub.subscribe(channel)
         except RedisError as exc:
-            raise self._unavailable(exc) from exc
+            raise self._translate(exc) from exc
         self._subscribed[channel] = threading.Event()
 
     def _leave(self, channel: str, waiter: Waiter[Any]) -> None:

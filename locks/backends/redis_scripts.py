@@ -5,10 +5,12 @@ run on Redis Cluster. The release channel is passed in ARGV: channels are not ke
 
 Both acquire scripts answer in one shape, as cheap to parse as possible on the hot
 path (a bare integer):
-  fence > 0                a fresh grant (depth 1, under the token passed in)
+  fence > 0                a grant under the token passed in
   -1 - pttl  (<= 0)        held by another owner for pttl more ms (-1: no expiry)
-  {fence, depth, token}    a reentrant grant inside the owner's current period
-  {pttl}                   held by this very owner on a non-reentrant backend
+  {pttl}                   held by this very owner on the non-reentrant backend
+
+The two lock types exclude each other on one name: each reads the other's key as held
+(never a WRONGTYPE error), and both draw fences from the same counter.
 
 Fence rule (shared by both acquire scripts): each lock has a counter key. A grant
 increments it; when the increment finds no counter (first use, or the counter
@@ -29,9 +31,19 @@ if fence == 1 then
 end
 """
 
+# What both acquire scripts return when the key is held by someone else: -1 - pttl. A key
+# that vanished between two calls of a script cannot happen (a script sees one instant),
+# but a negative PTTL must never turn into a positive reply, which would read as a fence.
+_HELD = """
+local pttl = redis.call('PTTL', KEYS[1])
+if pttl < -1 then pttl = 0 end
+return -1 - pttl
+"""
+
 # KEYS: lock, fence.  ARGV: value (owner .. '/' .. token), ttl ms, fence ttl ms
 # Telling the holder's own second acquire apart lets a caller that would wait forever
-# for itself be refused instead of deadlocked.
+# for itself be refused instead of deadlocked. `pcall`: a lock of the `redis-hash` type
+# under the same name is a hash, which GET cannot read; it simply excludes us.
 PLAIN_ACQUIRE = (
     """
 if redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then
@@ -40,17 +52,20 @@ if redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then
     + """
   return fence
 end
-local holder = redis.call('GET', KEYS[1])
-local pttl = redis.call('PTTL', KEYS[1])
-local owner = string.match(ARGV[1], '^[^/]*/')
-if holder and string.sub(holder, 1, string.len(owner)) == owner then return {pttl} end
-return -1 - pttl
+local holder = redis.pcall('GET', KEYS[1])
+if type(holder) == 'string' then
+  local owner = string.match(ARGV[1], '^[^/]*/')
+  if string.sub(holder, 1, string.len(owner)) == owner then
+    return {redis.call('PTTL', KEYS[1])}
+  end
+end
 """
+    + _HELD
 )
 
 # KEYS: lock.  ARGV: value, channel.  Returns 1 if released, 0 if not held under value.
 PLAIN_RELEASE = """
-if redis.call('GET', KEYS[1]) == ARGV[1] then
+if redis.pcall('GET', KEYS[1]) == ARGV[1] then
   redis.call('DEL', KEYS[1])
   redis.call('PUBLISH', ARGV[2], '1')
   return 1
@@ -60,58 +75,61 @@ return 0
 
 # KEYS: lock.  ARGV: value, ttl ms.  Returns 1 if extended, 0 if not held under value.
 PLAIN_EXTEND = """
-if redis.call('GET', KEYS[1]) == ARGV[1] then
+if redis.pcall('GET', KEYS[1]) == ARGV[1] then
   return redis.call('PEXPIRE', KEYS[1], ARGV[2])
 end
 return 0
 """
 
-# The Redisson hash: field <owner> = depth, plus '~token' and '~fence' for the ownership
-# period (owner ids never start with '~'), so a stale lease of an earlier period of the
-# same owner cannot release or renew the current one.
+# The Redisson hash: field <owner> = 1, plus '~token' and '~fence' for the grant (owner
+# ids never start with '~'). The server holds one grant per ownership period; nested
+# levels are counted in the holder's process (locks.holds). A hash already held by this
+# owner is a grant its process lost track of (a lost reply, a release not yet
+# delivered): it is taken over as a new grant, with a new token and fence, so the old
+# token's late release can no longer touch it.
 # KEYS: lock, fence.  ARGV: token, ttl ms, fence ttl ms, owner
 HASH_ACQUIRE = (
     """
-if redis.call('EXISTS', KEYS[1]) == 0 then
+if redis.call('EXISTS', KEYS[1]) == 1 and not (redis.call('TYPE', KEYS[1]).ok == 'hash'
+    and redis.call('HEXISTS', KEYS[1], ARGV[4]) == 1) then
+"""
+    + _HELD
+    + """
+end
 """
     + _NEXT_FENCE
     + """
-  redis.call('HSET', KEYS[1], ARGV[4], 1, '~token', ARGV[1], '~fence', string.format('%d', fence))
-  redis.call('PEXPIRE', KEYS[1], ARGV[2])
-  return fence
-end
-if redis.call('HEXISTS', KEYS[1], ARGV[4]) == 1 then
-  local depth = redis.call('HINCRBY', KEYS[1], ARGV[4], 1)
-  -- a nested grant may lengthen the lease, never shorten the outer one's
-  if redis.call('PTTL', KEYS[1]) < tonumber(ARGV[2]) then
-    redis.call('PEXPIRE', KEYS[1], ARGV[2])
-  end
-  local period = redis.call('HMGET', KEYS[1], '~fence', '~token')
-  return {tonumber(period[1]), depth, period[2]}
-end
-return -1 - redis.call('PTTL', KEYS[1])
+redis.call('HSET', KEYS[1], ARGV[4], 1, '~token', ARGV[1], '~fence', string.format('%d', fence))
+redis.call('PEXPIRE', KEYS[1], ARGV[2])
+return fence
 """
 )
 
-# KEYS: lock.  ARGV: owner, token, channel.
-# Returns -1 if not held by this period, else the depth left (0: deleted and published).
+# KEYS: lock.  ARGV: token, channel.  Returns 1 if released, 0 if not held under token.
 HASH_RELEASE = """
-if redis.call('HGET', KEYS[1], '~token') ~= ARGV[2]
-   or redis.call('HEXISTS', KEYS[1], ARGV[1]) == 0 then
-  return -1
+if redis.pcall('HGET', KEYS[1], '~token') == ARGV[1] then
+  redis.call('DEL', KEYS[1])
+  redis.call('PUBLISH', ARGV[2], '1')
+  return 1
 end
-local depth = redis.call('HINCRBY', KEYS[1], ARGV[1], -1)
-if depth > 0 then return depth end
-redis.call('DEL', KEYS[1])
-redis.call('PUBLISH', ARGV[3], '1')
 return 0
 """
 
-# KEYS: lock.  ARGV: owner, token, ttl ms.  Returns 1 if extended, 0 if not held.
+# KEYS: lock.  ARGV: token, ttl ms.  Returns 1 if extended, 0 if not held under token.
 HASH_EXTEND = """
-if redis.call('HGET', KEYS[1], '~token') == ARGV[2]
-   and redis.call('HEXISTS', KEYS[1], ARGV[1]) == 1 then
-  return redis.call('PEXPIRE', KEYS[1], ARGV[3])
+if redis.pcall('HGET', KEYS[1], '~token') == ARGV[1] then
+  return redis.call('PEXPIRE', KEYS[1], ARGV[2])
 end
 return 0
+"""
+
+# Who holds a lock of either type, in one snapshot (for operators).
+# KEYS: lock, fence.  Returns {type, pttl, fence or false, value or fields}, or {type}.
+READ_HOLDER = """
+local kind = redis.call('TYPE', KEYS[1]).ok
+if kind ~= 'string' and kind ~= 'hash' then return {kind} end
+local value
+if kind == 'string' then value = redis.call('GET', KEYS[1])
+else value = redis.call('HGETALL', KEYS[1]) end
+return {kind, redis.call('PTTL', KEYS[1]), redis.call('GET', KEYS[2]), value}
 """

@@ -4,7 +4,9 @@ predecessor, so waiters are served in arrival order and a release wakes one of t
 
 The lease is the session: `ttl` is accepted and has no effect, a crashed holder's node
 vanishes when its session expires, and a connection that is SUSPENDED makes `check()`
-raise until it is back (LOST marks the leases lost and calls `on_lost`).
+raise until it is back. LOST marks the leases lost and calls `on_lost`; so does a
+connection that stays SUSPENDED for the whole session timeout, as Curator does: kazoo
+says LOST only once the server is reached again, which may be never.
 """
 
 from __future__ import annotations
@@ -13,13 +15,16 @@ import contextlib
 import logging
 import threading
 import time
-from dataclasses import dataclass, field
+from collections.abc import Hashable
 from typing import Any
 
 from kazoo.client import KazooClient
 from kazoo.exceptions import (
+    AuthFailedError,
     ConnectionClosedError,
     ConnectionLoss,
+    KazooException,
+    NoAuthError,
     NodeExistsError,
     NoNodeError,
     OperationTimeoutError,
@@ -34,10 +39,11 @@ from kazoo.retry import KazooRetry
 from kazoo.security import OPEN_ACL_UNSAFE
 
 from locks.base import Grant, ProviderBase
-from locks.errors import BackendUnavailable
-from locks.names import check_seconds, zookeeper_node_name
+from locks.errors import BackendError, BackendUnavailable
+from locks.forking import start_afresh_when_forked
+from locks.holds import Hold
+from locks.names import check_seconds, check_zookeeper_path, zookeeper_node_name
 from locks.provider import Capabilities, Holder, Lease
-from locks.watchdog import mark_lost
 
 logger = logging.getLogger("locks")
 
@@ -61,22 +67,13 @@ class _CreateContainer(Create2):  # type: ignore[misc]
     type = 19
 
 
-@dataclass
-class _Hold:
-    """One ownership period of a lock by one owner in this process."""
-
-    node: str
-    token: str
-    fence: int
-    depth: int = 1
-    leases: list[Lease] = field(default_factory=list)
-
-
 class ZooKeeperProvider(ProviderBase):
     """Type `zookeeper` (kazoo): fair, reentrant per owner, fenced by the node's czxid."""
 
     type_name = "zookeeper"
     unavailable_errors = _UNAVAILABLE
+    denied_errors = (NoAuthError, AuthFailedError)
+    driver_errors = (KazooException,)
 
     capabilities = Capabilities(
         reentrant=True,
@@ -101,42 +98,87 @@ class ZooKeeperProvider(ProviderBase):
         watchdog_ttl: float = 30.0,
     ) -> None:
         super().__init__(name, watchdog_ttl)
-        if not isinstance(root, str) or not root.startswith("/") or root.endswith("/"):
-            raise ValueError(f"root must be an absolute path without a trailing '/', got {root!r}")
-        self.root = root
+        self.root = check_zookeeper_path(root, "root")
         self.connect_timeout = check_seconds(connect_timeout, "connect_timeout")
         self.request_timeout = check_seconds(request_timeout, "request_timeout")
+        self._session_timeout = check_seconds(session_timeout, "session_timeout")
         self._owns_client = client is None
+        # a client passed in keeps its session when this provider closes: delete the nodes
+        self.release_on_close = not self._owns_client
         if client is None:
-            client = KazooClient(
-                hosts=hosts,
-                timeout=check_seconds(session_timeout, "session_timeout"),
-                # keep reconnecting in the background; callers fail fast meanwhile
-                connection_retry=KazooRetry(max_tries=-1, delay=0.05, backoff=2, max_delay=1.0),
-            )
+            if not isinstance(hosts, str):
+                raise TypeError(f"hosts must be a str such as 'h1:2181,h2:2181', not {hosts!r}")
+            client = self._new_client(hosts)
         elif not isinstance(client, KazooClient):
             raise TypeError(f"client must be a KazooClient, not {type(client).__name__}")
         self.client = client
-        self.address = client.hosts if isinstance(client.hosts, str) else hosts
+        self.address = ",".join(f"{host}:{port}" for host, port in client.hosts)
+        self.address += client.chroot or ""
+        self._reset()
+        client.add_listener(self._on_state)
+        start_afresh_when_forked(self)
+
+    def _new_client(self, hosts: str) -> KazooClient:
+        try:
+            return KazooClient(
+                hosts=hosts,
+                timeout=self._session_timeout,
+                # keep reconnecting in the background; callers fail fast meanwhile
+                connection_retry=KazooRetry(max_tries=-1, delay=0.05, backoff=2, max_delay=1.0),
+            )
+        except (ValueError, KazooException) as exc:
+            raise ValueError(f"hosts {hosts!r} is not a ZooKeeper connect string: {exc}") from exc
+
+    def _reset(self) -> None:
         self._lock = threading.Lock()
         self._started: threading.Event | None = None
-        self._holds: dict[tuple[str, str], _Hold] = {}
+        self._started_at = 0.0
+        self._connected_once = False
+        self._nodes: dict[str, str] = {}  # token of a grant -> its node's path
         # creates whose outcome is unknown and deletes that failed: (parent, token) pairs
         # whose nodes must go once ZooKeeper answers again, or they would hold the lock
         # for as long as this session lives
         self._leftovers: set[tuple[str, str]] = set()
-        client.add_listener(self._on_state)
+        self._suspended_since: float | None = None
+        self._forked_client = False
+
+    def after_fork_in_child(self) -> None:
+        # kazoo's threads are gone here and its socket is the parent's session: a child
+        # gets a session of its own (the parent's holds are the parent's)
+        self._reset()
+        if self._owns_client:
+            hosts = self.address
+            self.client = self._new_client(hosts)
+            self.client.add_listener(self._on_state)
+        else:
+            self._forked_client = True
+
+    def _domain(self) -> Hashable:
+        return ("zookeeper", self.address, self.root)
 
     # -- connection and errors ----------------------------------------------------------
 
     def _connect(self) -> None:
         """Fail at once unless connected (kazoo reconnects in the background); only the
         first call, which starts the client, waits up to `connect_timeout`."""
-        if self._started is None:
+        if self._forked_client:
+            raise BackendError(
+                f"{self._where()}: a KazooClient passed in does not survive fork(); "
+                "give the child a client of its own", backend=self.name, address=self.address,
+            )  # fmt: skip
+        started = self._started
+        if started is None:
             with self._lock:
                 if self._started is None:
+                    self._started_at = time.monotonic()
                     self._started = self.client.start_async()
-                    self._started.wait(self.connect_timeout)
+                started = self._started
+        # while the first connection is being made, callers wait for it (up to
+        # connect_timeout from its start); after that they fail fast
+        if not self._connected_once:
+            left = self._started_at + self.connect_timeout - time.monotonic()
+            if left > 0:
+                started.wait(left)
         if self.client.state != KazooState.CONNECTED:
             raise self._unavailable(ConnectionLoss(f"session is {self.client.state}"))
 
@@ -144,20 +186,49 @@ class ZooKeeperProvider(ProviderBase):
         return async_result.get(timeout=self.request_timeout)
 
     def _on_state(self, state: str) -> None:
-        # runs on kazoo's connection thread: flag and hand work to other threads
-        with self._lock:
-            holds = list(self._holds.values())
-            if state == KazooState.LOST:
-                self._holds.clear()
+        # runs on kazoo's connection thread: flag, and hand any I/O to other threads
+        held = self._holds()
         if state in (KazooState.SUSPENDED, KazooState.CONNECTED):
-            for hold in holds:
-                for lease in hold.leases:
-                    lease.state.suspended = state == KazooState.SUSPENDED
+            suspended = state == KazooState.SUSPENDED
+            for hold in held:
+                for level in hold.levels:
+                    level.state.suspended = suspended
+        if state == KazooState.CONNECTED:
+            self._connected_once = True
+        if state == KazooState.SUSPENDED:
+            since = self._suspended_since = time.monotonic()
+            timeout = self.client._session_timeout / 1000  # as negotiated with the server
+            timer = threading.Timer(timeout, self._suspended_too_long, args=(since,))
+            timer.daemon = True
+            timer.start()
+        else:
+            self._suspended_since = None
         if state == KazooState.CONNECTED and self._leftovers:
             threading.Thread(target=self._clean_leftovers, daemon=True).start()
-        elif state == KazooState.LOST and holds:
-            leases = [lease for hold in holds for lease in hold.leases]
-            threading.Thread(target=_lose, args=(leases,), daemon=True).start()
+        elif state == KazooState.LOST and held:
+            reason = "the ZooKeeper session expired"
+            threading.Thread(target=self._lose_all, args=(held, reason), daemon=True).start()
+
+    def _suspended_too_long(self, since: float) -> None:
+        """Still no answer a whole session timeout after the connection was lost: the
+        server has expired the session, or will before anyone learns otherwise."""
+        if self._suspended_since != since:
+            return  # reconnected (or lost) meanwhile
+        held = self._holds()
+        for hold in held:  # if the session survives after all, these nodes must still go
+            node = self._nodes.get(hold.anchor.token)
+            if node is not None:
+                self._leftovers.add((node.rsplit("/", 1)[0], hold.anchor.token))
+        self._lose_all(held, "no answer from ZooKeeper for the whole session timeout")
+
+    def _lose_all(self, held: list[Hold], reason: str) -> None:
+        for hold in held:
+            self._lose(hold, reason)
+            self._nodes.pop(hold.anchor.token, None)
+
+    def _check_hold(self, hold: Hold) -> None:
+        if self.client.state != KazooState.CONNECTED or hold.anchor.state.suspended:
+            raise self._unavailable(ConnectionLoss(f"session is {self.client.state}"))
 
     # -- the algorithm ------------------------------------------------------------------
 
@@ -167,13 +238,8 @@ class ZooKeeperProvider(ProviderBase):
     def _acquire(
         self, key: str, owner: str, token: str, ttl: float, deadline: float | None
     ) -> Grant | None:
-        with self._lock:
-            hold = self._holds.get((owner, key))
-            if hold is not None:
-                hold.depth += 1
-                return Grant(hold.token, hold.fence, hold.depth, time.monotonic())
         self._connect()
-        if self._leftovers:
+        if self._leftovers:  # a node of a lost reply would make this owner wait on itself
             self._clean_leftovers()
         parent = self._parent(key)
         sent_at = time.monotonic()
@@ -188,8 +254,7 @@ class ZooKeeperProvider(ProviderBase):
         if not granted:
             self._delete_node(parent, node, token)
             return None
-        with self._lock:
-            self._holds[(owner, key)] = _Hold(node, token, fence)
+        self._nodes[token] = node
         return Grant(token, fence, 1, sent_at)
 
     def _create_node(
@@ -201,25 +266,21 @@ class ZooKeeperProvider(ProviderBase):
         requests in order, so the list sent right behind the create already holds our
         node. Returns path, czxid (the fence) and the children."""
         for _ in range(3):
-            try:
-                with self._translated(ambiguous=True, key=key, token=token):
-                    created = self.client.create_async(
-                        f"{parent}/{token}-",
-                        owner.encode(),
-                        ephemeral=True,
-                        sequence=True,
-                        include_data=True,
-                    )
-                    listed = self.client.get_children_async(parent)
-                    try:
-                        path, stat = self._get(created)
-                    except (KazooTimeoutError, ConnectionLoss):
-                        self._leftovers.add((parent, token))
-                        raise
-                    children: list[str] = self._get(listed)
-            except NoNodeError:
-                self._create_parent(parent)
-                continue
+            with self._translated(ambiguous=True, key=key, token=token):
+                created = self.client.create_async(
+                    f"{parent}/{token}-", owner.encode(), ephemeral=True, sequence=True,
+                    include_data=True,
+                )  # fmt: skip
+                listed = self.client.get_children_async(parent)
+                try:
+                    path, stat = self._get(created)
+                except NoNodeError:
+                    self._create_parent(parent)
+                    continue
+                except (KazooTimeoutError, ConnectionLoss):
+                    self._leftovers.add((parent, token))
+                    raise
+                children: list[str] = self._get(listed)
             return path, int(stat.czxid), children
         raise self._unavailable(NoNodeError(f"{parent} keeps disappearing"), key=key)
 
@@ -242,8 +303,12 @@ class ZooKeeperProvider(ProviderBase):
         self, parent: str, node: str, deadline: float | None, children: list[str]
     ) -> bool:
         """Wait until `node` is the lowest child of `parent` (`children` is the list read
-        with the create); False if `deadline` passed."""
+        with the create); False if `deadline` passed. One watch at a time, on the
+        predecessor: a new one only when the predecessor changes or the watch fired."""
         ours = node.rsplit("/", 1)[1]
+        watched: str | None = None  # the predecessor our pending watch is on
+        fired = threading.Event()
+        relisted: list[Any] = []
         while True:
             queue = _queue(children)
             if ours not in queue:
@@ -254,23 +319,26 @@ class ZooKeeperProvider(ProviderBase):
             remaining = None if deadline is None else deadline - time.monotonic()
             if remaining is not None and remaining <= 0:
                 return False
-            changed = threading.Event()
-            relisted: list[Any] = []
+            predecessor = queue[position - 1]
+            present = True
+            if predecessor != watched or fired.is_set():
+                fired, relisted = threading.Event(), []
 
-            def on_change(
-                _event: Any, changed: threading.Event = changed, relisted: list[Any] = relisted
-            ) -> None:
-                # on kazoo's event thread: ask for the new queue before waking the waiter,
-                # so the request is on the wire while the waiter is being scheduled
-                relisted.append(self.client.get_children_async(parent))
-                changed.set()
+                def on_change(
+                    _event: Any, fired: threading.Event = fired, relisted: list[Any] = relisted
+                ) -> None:
+                    # on kazoo's event thread: ask for the new queue before waking the
+                    # waiter, so the request is on the wire while it is being scheduled
+                    relisted.append(self.client.get_children_async(parent))
+                    fired.set()
 
-            with self._translated():
-                predecessor = self._get(
-                    self.client.exists_async(f"{parent}/{queue[position - 1]}", watch=on_change)
-                )
-            if predecessor is not None:
-                changed.wait(_RECHECK if remaining is None else min(remaining, _RECHECK))
+                with self._translated():
+                    stat = self._get(
+                        self.client.exists_async(f"{parent}/{predecessor}", watch=on_change)
+                    )
+                watched, present = predecessor, stat is not None
+            if present:
+                fired.wait(_RECHECK if remaining is None else min(remaining, _RECHECK))
             with self._translated():
                 listing = relisted[0] if relisted else self.client.get_children_async(parent)
                 children = self._get(listing)
@@ -280,10 +348,11 @@ class ZooKeeperProvider(ProviderBase):
         the node is remembered and deleted once it does."""
         try:
             with self._translated():
-                self._get(self.client.delete_async(node))
+                try:
+                    self._get(self.client.delete_async(node))
+                except NoNodeError:
+                    return False
             return True
-        except NoNodeError:
-            return False
         except BackendUnavailable:
             self._leftovers.add((parent, token))
             raise
@@ -292,37 +361,25 @@ class ZooKeeperProvider(ProviderBase):
         for parent, token in list(self._leftovers):
             try:
                 with self._translated():
-                    children = self._get(self.client.get_children_async(parent))
+                    try:
+                        children = self._get(self.client.get_children_async(parent))
+                    except NoNodeError:
+                        children = []
                     for child in children:
                         if child.startswith(token + "-"):
                             with contextlib.suppress(NoNodeError):
                                 self._get(self.client.delete_async(f"{parent}/{child}"))
-            except NoNodeError:
-                pass
             except BackendUnavailable:
                 return  # the next reconnection tries again
             self._leftovers.discard((parent, token))
 
     # -- the primitives the base class builds on ---------------------------------------
 
-    def _granted(self, lease: Lease) -> None:
-        with self._lock:
-            hold = self._holds.get((lease.owner, lease.key))
-            if hold is not None:
-                hold.leases.append(lease)
-
     def _release(self, lease: Lease) -> bool:
-        with self._lock:
-            hold = self._holds.get((lease.owner, lease.key))
-            if hold is None or hold.token != lease.token:
-                return False
-            hold.depth -= 1
-            if lease in hold.leases:
-                hold.leases.remove(lease)
-            if hold.depth > 0:
-                return True
-            del self._holds[(lease.owner, lease.key)]
-        return self._delete_node(self._parent(lease.key), hold.node, hold.token)
+        node = self._nodes.pop(lease.token, None)
+        if node is None:
+            return False
+        return self._delete_node(self._parent(lease.key), node, lease.token)
 
     def _release_unknown(self, lease: Lease) -> bool:
         """The node is named after the token: find it and delete it (now, or once
@@ -337,13 +394,12 @@ class ZooKeeperProvider(ProviderBase):
         return self._is_held(lease)
 
     def _is_held(self, lease: Lease) -> bool:
-        with self._lock:
-            hold = self._holds.get((lease.owner, lease.key))
-        if hold is None or hold.token != lease.token:
+        node = self._nodes.get(lease.token)
+        if node is None:
             return False
         self._connect()
         with self._translated():
-            return self._get(self.client.exists_async(hold.node)) is not None
+            return self._get(self.client.exists_async(node)) is not None
 
     def _holder(self, key: str) -> Holder | None:
         self._connect()
@@ -358,10 +414,7 @@ class ZooKeeperProvider(ProviderBase):
                 except NoNodeError:
                     continue
             owner = data.decode(errors="replace")
-            with self._lock:  # levels are counted in the holder's process: known if ours
-                hold = self._holds.get((owner, key))
-                depth = hold.depth if hold is not None and hold.node.endswith(queue[0]) else None
-            return Holder(key, self.name, owner, depth, int(stat.czxid), None, len(queue) - 1)
+            return Holder(key, self.name, owner, None, int(stat.czxid), None, len(queue) - 1)
         return None
 
     def ping(self) -> None:
@@ -383,8 +436,3 @@ def _queue(children: list[str]) -> list[str]:
         (child for child in children if child[-_SEQUENCE_DIGITS:].isdigit()),
         key=lambda child: child[-_SEQUENCE_DIGITS:],
     )
-
-
-def _lose(leases: list[Lease]) -> None:
-    for lease in leases:
-        mark_lost(lease, "the ZooKeeper session expired")

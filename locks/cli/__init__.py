@@ -16,7 +16,7 @@ import logging
 import sys
 from collections.abc import Sequence
 
-from locks.errors import BackendUnavailable, ConfigError
+from locks.errors import BackendUnavailable, ConfigError, LockError
 
 OK, PROBLEM, USAGE, UNAVAILABLE = 0, 1, 2, 3
 
@@ -59,6 +59,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except BackendUnavailable as exc:
         print(f"locks {args.command}: {exc}", file=sys.stderr)
         return UNAVAILABLE
+    except LockError as exc:  # a backend that answered with an error, or refused access
+        print(f"locks {args.command}: {exc}", file=sys.stderr)
+        return PROBLEM
     return result
 
 

@@ -31,7 +31,7 @@ from typing import TYPE_CHECKING, Any
 from locks.cli import UNAVAILABLE, USAGE
 from locks.cli.common import command, load, note, probe, table
 from locks.config import Registry
-from locks.errors import BackendUnavailable
+from locks.errors import LockError
 from locks.measure import Figures, measure_provider
 
 if TYPE_CHECKING:
@@ -139,7 +139,7 @@ def measure_all(registry: Registry, names: list[str], cycles: int, samples: int)
             figures = measure_provider(
                 registry.backend(name), cycles=cycles, samples=samples, ttl=TTL
             )
-        except BackendUnavailable as exc:
+        except LockError as exc:
             note(f"{name}: skipped, it stopped answering during the run: {exc}")
             continue
         rows.append(Row(name, answer.type, figures))

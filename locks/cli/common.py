@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from locks.config import BUILT_IN_TYPES, Registry, from_config
-from locks.errors import BackendUnavailable
+from locks.errors import LockError
 
 CONFIG_ENV = "LOCKS_CONFIG"
 DEFAULT_SCENARIO = "demo"
@@ -185,7 +185,7 @@ def probe(registry: Registry, name: str) -> Probe:
     started = time.perf_counter()
     try:
         provider.ping()
-    except BackendUnavailable as exc:
+    except LockError as exc:  # down, refusing access, or not the server it should be
         return Probe(name, backend_type(registry, name), None, str(exc))
     return Probe(name, backend_type(registry, name), time.perf_counter() - started, None)
 

@@ -12,7 +12,7 @@ from typing import Any
 
 from locks.cli import UNAVAILABLE
 from locks.cli.common import backend_type, command, load, note, table
-from locks.errors import BackendUnavailable
+from locks.errors import BackendUnavailable, LockError
 from locks.names import check_name
 from locks.provider import Holder
 
@@ -46,10 +46,11 @@ def run(args: argparse.Namespace) -> int:
             kind = backend_type(registry, backend)
             try:
                 found = provider.holder(name)  # type: ignore[attr-defined]
-            except BackendUnavailable as exc:
+            except LockError as exc:
                 failed = True
                 note(f"{backend}: {exc}")
-                rows.append([backend, kind, "(unavailable)", "", "", "", ""])
+                what = "(unavailable)" if isinstance(exc, BackendUnavailable) else "(error)"
+                rows.append([backend, kind, what, "", "", "", ""])
                 continue
             except (AttributeError, NotImplementedError):
                 rows.append([backend, kind, "(cannot tell)", "", "", "", ""])

@@ -1,0 +1,143 @@
+"""What this process holds: one `Hold` per grant a server made, and the levels this
+process stacked on it.
+
+Reentrancy is counted here, for every backend alike. The server sees one grant per
+ownership period (depth 1 there); a nested acquire by the owner that holds a key is a
+new level of its hold, a lease with a token of its own, and costs no round trip unless
+the server's expiry must reach further for it. Only the release of the last live level
+goes to the server, under the hold's own token. So a level released twice, or a release
+replayed after it had in fact run (a reply lost, a chain's queued release), can never
+undo another grant, and one level's expiry never shortens another's: the server's
+expiry always covers every live level.
+
+Holds are found by (domain, owner, key): provider objects of one lock domain (the same
+server and namespace) share them, so a thread holding a key through one object
+re-enters it through another instead of waiting for itself.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Hashable
+from typing import TYPE_CHECKING
+
+from locks.forking import start_afresh_when_forked
+from locks.provider import Lease, LeaseState
+
+if TYPE_CHECKING:
+    from locks.base import ProviderBase
+
+
+class Hold:
+    """One server grant: `anchor` is its first level (its token and fence are the ones
+    the server knows), `levels` every level granted on it, in order."""
+
+    __slots__ = ("_done", "anchor", "ending", "levels", "limit", "lock", "over", "provider",
+                 "valid_until", "watched")  # fmt: skip
+
+    def __init__(self, provider: ProviderBase, anchor: Lease, valid_until: float | None) -> None:
+        self.provider = provider  # the object that made the grant: its connection serves it
+        self.anchor = anchor
+        self.levels = [anchor]
+        # when the server may give the key away, as far as this process can tell (sent
+        # time of the last request that set the expiry, plus its ttl); None: no expiry
+        self.valid_until = valid_until
+        self.limit: float | None = None  # no level may be valid past this (safe-mode bound)
+        # guards levels and expiry, and is held across the I/O that changes the server's
+        # expiry, so two levels' renewals can never leave it shorter than either needs
+        self.lock = threading.Lock()
+        self.ending = False  # its last level is being released: it takes no new level
+        self.over = False  # released, lost or closed: forgotten by the registry
+        self._done: threading.Event | None = None  # made only for someone who waits
+        self.watched = False
+
+    @property
+    def key(self) -> str:
+        return self.anchor.key
+
+    def finish(self) -> None:
+        """Mark it over (callable with or without `lock` held)."""
+        self.over = True
+        done = self._done  # read after `over` is set: see `wait_over`
+        if done is not None:
+            done.set()
+
+    def wait_over(self) -> None:
+        """Wait until the hold is over (its last release is under way, and bounded by a
+        socket timeout)."""
+        with self.lock:
+            if self._done is None:
+                self._done = threading.Event()
+            done = self._done
+        if not self.over:  # read after the event exists: `finish` sets one or the other
+            done.wait()
+
+    def live(self, now: float) -> list[Lease]:
+        return [level for level in self.levels if level.state.live(now)]
+
+    def target(self, now: float, want: float, besides: LeaseState | None = None) -> float:
+        """The ttl to send so the server's expiry covers `want` seconds and every live
+        level but `besides` (called under `lock`), bounded by `limit`."""
+        until = now + want
+        for level in self.levels:
+            valid_until = level.state.valid_until
+            if valid_until is not None and level.state is not besides and level.state.live(now):
+                until = max(until, valid_until)
+        if self.limit is not None:
+            until = min(until, self.limit)
+        return until - now
+
+    # the watchdog's protocol (`locks.watchdog.Renewable`)
+
+    def renew(self) -> float | None:
+        return self.provider._renew_hold(self)
+
+    def expire(self, now: float) -> float | None:
+        return self.provider._expire_hold(self, now)
+
+
+class Holds:
+    """Every live hold of this process: by (domain, owner, key) for reentrancy, and by
+    provider for `close`. Each change is one dict operation, atomic in CPython, so the
+    hot path takes no lock."""
+
+    def __init__(self) -> None:
+        self._reset()
+        start_afresh_when_forked(self)
+
+    def _reset(self) -> None:
+        self._by_key: dict[tuple[Hashable, str, str], Hold] = {}
+        self._by_provider: dict[int, dict[int, Hold]] = {}
+
+    def after_fork_in_child(self) -> None:
+        # the parent's holds are the parent's: a child has an owner identity of its own,
+        # and must never release (or close) what its parent holds
+        self._reset()
+
+    def find(self, domain: Hashable, owner: str, key: str) -> Hold | None:
+        return self._by_key.get((domain, owner, key))
+
+    def add(self, hold: Hold, domain: Hashable | None) -> None:
+        """Record `hold`; under `domain` too if its backend is reentrant (not None)."""
+        anchor = hold.anchor
+        if domain is not None:
+            self._by_key[(domain, anchor.owner, anchor.key)] = hold
+        self._by_provider.setdefault(id(hold.provider), {})[id(hold)] = hold
+
+    def remove(self, hold: Hold, domain: Hashable | None) -> bool:
+        """Forget `hold`; False if it was gone already."""
+        mine = self._by_provider.get(id(hold.provider))
+        if mine is None or mine.pop(id(hold), None) is None:
+            return False
+        if domain is not None:
+            anchor = hold.anchor
+            entry = (domain, anchor.owner, anchor.key)
+            if self._by_key.get(entry) is hold:
+                self._by_key.pop(entry, None)
+        return True
+
+    def of(self, provider: ProviderBase) -> list[Hold]:
+        return list(self._by_provider.get(id(provider), {}).values())
+
+
+holds = Holds()
