@@ -3,8 +3,9 @@ releases, ambiguous acquires, the switch, and safe mode's gate and fail-back."""
 
 from __future__ import annotations
 
+import multiprocessing
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -21,14 +22,25 @@ from locks import (
     EventKind,
     FallbackChain,
     Lease,
+    LockLost,
+    LockProvider,
     Switch,
     add_observer,
     remove_observer,
 )
-from locks.backends import LocalProvider, RedisHashProvider, RedisProvider
+from locks.backends import (
+    DatabaseProvider,
+    LocalProvider,
+    RedisHashProvider,
+    RedisProvider,
+    ZooKeeperProvider,
+)
 from locks.names import redis_hash_tag
+from tests import workers
 from tests.ports import free_port
-from tests.servers import RedisServer
+from tests.servers import MariaDBServer, RedisServer, ZooKeeperServer
+
+SPAWN = multiprocessing.get_context("spawn")
 
 
 @pytest.fixture
@@ -162,7 +174,7 @@ class ReplyLost:
     """A real provider whose first acquire takes the lock on the server and then loses
     the reply (the fault a timeout after sending causes)."""
 
-    def __init__(self, provider: RedisProvider) -> None:
+    def __init__(self, provider: LockProvider) -> None:
         self.provider = provider
         self.lost = 0
 
@@ -307,11 +319,11 @@ def test_safe_mode_holds_the_lower_tier_back_for_max_lease(
     time.sleep(0.4)
     assert other_owner(lambda: chain.acquire(key, ttl=1, wait=0.3)) is None
     chain.release(lease)
-    both = other_owner(lambda: chain.acquire(key, ttl=1, wait=1))
-    assert both is not None and both.backend == "redis"  # type: ignore[attr-defined]
-    assert len(lower) == 1, "the fail-back lease did not also hold the key on local"
-    chain.release(both)  # type: ignore[arg-type]
-    assert len(lower) == 0
+    back = other_owner(lambda: chain.acquire(key, ttl=1, wait=1))
+    assert back is not None and back.backend == "redis"  # type: ignore[attr-defined]
+    assert lower.holder(key) is None
+    chain.release(back)  # type: ignore[arg-type]
+    chain.close()
 
 
 def test_safe_mode_refuses_leases_longer_than_max_lease(
@@ -355,3 +367,222 @@ def test_the_breaker_lets_one_probe_through_after_its_reset_timeout() -> None:
         ("open", "half-open"), ("half-open", "open"),  # failed
         ("open", "half-open"), ("half-open", "closed"),
     ]  # fmt: skip
+
+
+# -- ended leases through a chain ----------------------------------------------------------
+
+
+def wait_until(condition: Callable[[], bool], timeout: float) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if condition():
+            return True
+        time.sleep(0.02)
+    return False
+
+
+class ReleaseReplyLost:
+    """A real provider whose first release takes effect on the server and then loses its
+    reply: the caller sees a timeout for a call that ran."""
+
+    def __init__(self, provider: LockProvider) -> None:
+        self.provider = provider
+        self.lost = 0
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.provider, name)
+
+    def release(self, lease: Lease) -> None:
+        self.provider.release(lease)
+        if not self.lost:
+            self.lost += 1
+            raise BackendUnavailable("reply lost", backend=self.provider.name)
+
+
+@pytest.mark.parametrize(
+    ("kind", "fault"),
+    [("redis-hash", "reply lost"), ("mariadb", "reply lost"), ("mariadb", "server paused")],
+)
+def test_a_release_that_ran_is_never_replayed_onto_the_outer_grant(
+    kind: str, fault: str, request: pytest.FixtureRequest, key: str
+) -> None:
+    """An inner level's release runs on the server but its caller sees a timeout, so the
+    chain queues it and sends it again once the tier answers: the outer grant must stay
+    whole. (Pausing MariaDB does this for real: it runs the statement on resuming.
+    redis-py resets a connection that timed out, so a paused Redis drops the call; the
+    lost reply is injected there.)"""
+    server = request.getfixturevalue("redis_server" if kind == "redis-hash" else "mariadb_server")
+    upper: LockProvider
+    if kind == "redis-hash":
+        upper = RedisHashProvider(server.url, name="upper")
+    else:
+        upper = DatabaseProvider(server.url, name="upper", socket_timeout=0.5)
+    tier = ReleaseReplyLost(upper) if fault == "reply lost" else upper
+    chain = FallbackChain(
+        [tier, LocalProvider(name=f"lower-{key}")], breaker=Breaker(reset_timeout=0.2)
+    )
+    outer = chain.acquire(key, ttl=30)
+    inner = chain.acquire(key, ttl=30)
+    assert outer is not None and inner is not None and inner.backend == "upper"
+    if fault == "server paused":
+        server.pause()
+    try:
+        chain.release(inner)  # times out after it ran; a chain queues it, never raises
+    finally:
+        if fault == "server paused":
+            server.resume()
+    time.sleep(0.3)
+    probe = chain.acquire(key + ":probe", ttl=30)  # the tier answers: queued releases go
+    assert probe is not None
+    chain.release(probe)
+    assert wait_until(lambda: chain.pending("upper") == 0, 5)
+    outer.check()
+    assert chain.is_held(outer)
+    assert other_owner(lambda: chain.acquire(key, ttl=30, wait=0)) is None
+    chain.release(outer)
+    upper.close()
+
+
+def test_a_phantom_row_the_same_thread_meets_again_is_released_for_good(
+    mariadb_server: MariaDBServer, key: str
+) -> None:
+    """An acquire took the row and lost its reply; the chain queued a release of its
+    token and served the caller from the next tier. The same thread then gets the row
+    again from the database: once all is released, the key must be free, not held by
+    the phantom until its ttl runs out."""
+    db = DatabaseProvider(mariadb_server.url, name="db")
+    flaky = ReplyLost(db)
+    chain = FallbackChain(
+        [flaky, LocalProvider(name=f"lower-{key}")],
+        retry=Retrying(stop=stop_after_attempt(1), reraise=True),
+        breaker=Breaker(reset_timeout=0.1),
+    )
+    first = chain.acquire(key, ttl=30, wait=0)
+    assert first is not None and first.backend != "db"
+    assert chain.pending("db") == 1
+    chain.release(first)
+    time.sleep(0.2)
+    again = chain.acquire(key, ttl=30, wait=0)
+    assert again is not None and again.backend == "db"
+    assert wait_until(lambda: chain.pending("db") == 0, 5)
+    chain.release(again)
+    free = other_owner(lambda: chain.acquire(key, ttl=30, wait=0))
+    assert free is not None, "the phantom row still holds the key"
+    chain.release(free)  # type: ignore[arg-type]
+    db.close()
+
+
+# -- safe mode across tiers and processes --------------------------------------------------
+
+
+def safe_chain(redis_url: str, lower: LockProvider, max_lease: float) -> FallbackChain:
+    upper = RedisHashProvider(redis_url, name="redis", watchdog_ttl=max_lease)
+    return FallbackChain(
+        [upper, lower], mode="safe", max_lease=max_lease, breaker=Breaker(reset_timeout=0.3)
+    )
+
+
+def test_safe_mode_bounds_a_lower_tiers_lease_by_max_lease(
+    redis_server: RedisServer, zookeeper_server: ZooKeeperServer, key: str
+) -> None:
+    """A ZooKeeper lease does not expire, so the fail-back window alone proves nothing
+    about it: it must end by max_lease, and no Redis grant may overlap it."""
+    zk = ZooKeeperProvider(zookeeper_server.hosts, name="zk")
+    chain = safe_chain(redis_server.url, zk, 1.0)
+    redis_server.kill()
+    lost: list[Lease] = []
+    held = chain.acquire(key, ttl=1, wait=5, on_lost=lost.append)
+    assert held is not None and held.backend == "zk"
+    redis_server.start()
+    ends = held.acquired_at + 1.0
+    overlaps = []
+    while time.monotonic() < ends + 1.5:
+        other = other_owner(lambda: chain.acquire(key, ttl=1, wait=0))
+        if other is not None:
+            try:
+                held.check()
+                overlaps.append(other.backend)  # type: ignore[attr-defined]
+            except LockLost:
+                pass
+            chain.release(other)  # type: ignore[arg-type]
+        time.sleep(0.1)
+    assert not overlaps, f"granted by {overlaps} while the zk lease still passed check()"
+    with pytest.raises(LockLost):
+        held.check()
+    assert lost == [held], "the bounded lease ended without telling its holder"
+    chain.close()
+    zk.close()
+
+
+def test_safe_mode_restarts_its_outage_clock_after_a_recovery(
+    redis_server: RedisServer, key: str
+) -> None:
+    """A first outage longer than max_lease, a recovery during which another process
+    takes a Redis lease, a second outage: the lower tier must not grant while that
+    lease may still be valid."""
+    chain = safe_chain(redis_server.url, LocalProvider(name=f"lower-{key}"), 1.0)
+    redis_server.kill()
+    first = chain.acquire(key + ":warm", ttl=1, wait=5)  # waits out the first outage
+    assert first is not None and first.backend != "redis"
+    chain.release(first)
+    time.sleep(0.5)
+    redis_server.start()
+    time.sleep(0.5)  # up long enough for anyone looking to see it
+    elsewhere = RedisHashProvider(redis_server.url)
+    theirs = elsewhere.acquire(key, ttl=1.0)
+    assert theirs is not None and theirs.valid_until is not None
+    elsewhere.close()
+    redis_server.kill()
+    ours = chain.acquire(key, ttl=1, wait=3)
+    assert ours is not None
+    assert time.monotonic() >= theirs.valid_until, "granted while the Redis lease was valid"
+    chain.release(ours)
+    chain.close()
+
+
+def test_safe_mode_probes_a_half_open_tier_with_a_ping_not_a_lock(
+    redis_server: RedisServer, key: str
+) -> None:
+    """While the half-open probe was a user's acquire waiting on a contended key, every
+    other caller skipped the healthy Redis and got the key from the lower tier."""
+    chain = safe_chain(redis_server.url, LocalProvider(name=f"lower-{key}"), 0.5)
+    redis_server.kill()
+    with pytest.raises(AllBackendsUnavailable):
+        chain.acquire(key + ":x", ttl=0.5, wait=0)  # the breaker opens, the clock starts
+    time.sleep(0.7)  # the outage outlasts max_lease: the lower tier's gate is open
+    redis_server.start()
+    elsewhere = RedisHashProvider(redis_server.url)
+    theirs = elsewhere.acquire(key, ttl=30)  # another process holds it on the live Redis
+    assert theirs is not None
+    time.sleep(0.4)  # past reset_timeout: the next caller is the half-open probe
+    with ThreadPoolExecutor(max_workers=2) as pool:
+        waiting = pool.submit(chain.acquire, key, ttl=0.5, wait=2)
+        time.sleep(0.3)
+        second = pool.submit(chain.acquire, key, ttl=0.5, wait=0).result()
+        assert second is None, f"granted by {second.backend} while Redis held the key"
+        elsewhere.release(theirs)
+        granted = waiting.result()
+    assert granted is not None and granted.backend == "redis"
+    chain.release(granted)
+    elsewhere.close()
+    chain.close()
+
+
+def test_safe_mode_fail_back_holds_for_a_process_that_never_saw_the_outage(
+    redis_server: RedisServer, zookeeper_server: ZooKeeperServer, key: str
+) -> None:
+    zk = ZooKeeperProvider(zookeeper_server.hosts, name="zk")
+    chain = safe_chain(redis_server.url, zk, 3.0)
+    redis_server.kill()
+    held = chain.acquire(key, ttl=3, wait=10)  # granted by zk once max_lease has passed
+    assert held is not None and held.backend == "zk"
+    redis_server.start()
+    with SPAWN.Pool(1) as pool:
+        args = (redis_server.url, zookeeper_server.hosts, key, 3.0)
+        theirs = pool.apply(workers.safe_chain_acquire, args)
+        still = held.valid_until is not None and time.monotonic() < held.valid_until
+    assert still, "too slow to show anything: the zk lease ran out first"
+    assert theirs is None, f"a fresh process got the key from {theirs} while zk held it"
+    chain.release(held)
+    chain.close()
+    zk.close()

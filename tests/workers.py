@@ -7,7 +7,13 @@ from multiprocessing.synchronize import Event as EventType
 from pathlib import Path
 
 from locks import Breaker, FallbackChain
-from locks.backends import DatabaseProvider, LocalProvider, RedisProvider, ZooKeeperProvider
+from locks.backends import (
+    DatabaseProvider,
+    LocalProvider,
+    RedisHashProvider,
+    RedisProvider,
+    ZooKeeperProvider,
+)
 from tests.backends import make_provider
 
 
@@ -69,3 +75,26 @@ def chain_increment(
     for tier in chain.tiers.values():
         tier.close()
     return granted
+
+
+def safe_chain_acquire(redis_url: str, zk_hosts: str, key: str, max_lease: float) -> str | None:
+    """A fresh process, which never saw any outage, takes `key` once through a safe
+    redis -> zk chain: the tier that granted it, or None."""
+    chain = FallbackChain(
+        [
+            RedisHashProvider(redis_url, name="redis", watchdog_ttl=max_lease),
+            ZooKeeperProvider(zk_hosts, name="zk"),
+        ],
+        mode="safe",
+        max_lease=max_lease,
+    )
+    try:
+        lease = chain.acquire(key, ttl=max_lease, wait=0)
+        if lease is None:
+            return None
+        chain.release(lease)
+        return lease.backend
+    finally:
+        chain.close()
+        for tier in chain.tiers.values():
+            tier.close()

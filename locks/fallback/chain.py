@@ -6,11 +6,15 @@ see each other. `mode` says what to do about it:
 
 - `fast` degrades at once. Leases granted by a tier just before it died may overlap with
   leases the next tier grants, until they run out.
-- `safe` never lets two tiers grant one key at once under crash-stop faults. A lower
-  tier grants nothing until `max_lease` (which bounds every ttl and watchdog ttl in the
-  chain) has passed since this process first saw the upper tier fail; until then
-  acquires wait within their own `wait`. For `max_lease` after a failed tier answers
-  again, acquires take the key on it and on every tier that granted meanwhile.
+- `safe` never lets two tiers grant one key at once under crash-stop faults, across
+  every process of the system (docs/semantics.md, "Safe mode"):
+  1. a lower tier grants only once `max_lease` (which bounds every lease of the chain)
+     has passed since the tiers above it went down, by an outage clock that restarts
+     whenever the watch on them had a gap (`locks.fallback.outages`);
+  2. a lower tier's grant stands only if the tiers above still fail right after it;
+  3. a grant stands only if no lower tier holds the key for another owner (one read
+     per lower tier: safe mode's price), or the lower tier has been down `max_lease`;
+  4. a lower tier's grant is bounded by `max_lease`, whatever the backend.
 """
 
 from __future__ import annotations
@@ -34,9 +38,10 @@ from tenacity import (
     wait_fixed,
 )
 
-from locks.errors import AllBackendsUnavailable, BackendUnavailable, LockNotOwned
+from locks.errors import AllBackendsUnavailable, BackendUnavailable, LockError, LockNotOwned
 from locks.events import EventKind, emit
 from locks.fallback.breaker import Breaker, BreakerState
+from locks.fallback.outages import WATCH_EVERY, Outages
 from locks.fallback.switch import Switch
 from locks.names import check_acquire, check_name, check_seconds
 from locks.owner import current_owner
@@ -85,15 +90,20 @@ class _Pending:
     token: str = ""
 
 
-class _Closed(Exception):
-    """Safe mode: a lower tier may not grant before `opens_at` (monotonic)."""
+class _Again(Exception):
+    """Not now: a safe-mode gate is closed until `at`, or another owner holds the key on
+    a lower tier (`contended`)."""
 
-    def __init__(self, tier: str, opens_at: float, causes: dict[str, BaseException]) -> None:
-        wait = opens_at - time.monotonic()
-        super().__init__(f"safe mode: {tier} may grant in {wait:.1f} s")
+    def __init__(
+        self, tier: str, at: float, causes: dict[str, BaseException], contended: bool = False
+    ) -> None:
+        wait = at - time.monotonic()
+        what = "held on a lower tier" if contended else f"{tier} may grant in {wait:.1f} s"
+        super().__init__(f"safe mode: {what}")
         self.tier = tier
-        self.opens_at = opens_at
+        self.at = at
         self.causes = causes  # why the tiers above it were passed over
+        self.contended = contended
 
 
 class FallbackChain:
@@ -131,6 +141,11 @@ class FallbackChain:
                         f"tier {provider.name!r} has watchdog_ttl={watchdog_ttl}, longer than "
                         f"max_lease={max_lease}: safe mode could not bound its leases"
                     )
+                if not (hasattr(provider, "holder") and hasattr(provider, "bound")):
+                    raise ValueError(
+                        f"tier {provider.name!r} cannot say who holds a key or bound a lease "
+                        "(holder, bound): safe mode needs both"
+                    )
         self.order = names
         self.tiers = {provider.name: provider for provider in providers}
         self.capabilities: Capabilities = functools.reduce(
@@ -144,10 +159,9 @@ class FallbackChain:
         self.switch = switch
         self.counts: Counter[str] = Counter()  # ambiguous, release_queued, degraded, ...
         self._lock = threading.Lock()
-        self._down_since: dict[str, float] = {}  # first failure seen, until it answers again
-        self._back_since: dict[str, float] = {}  # safe mode: answered again at
-        self._served: dict[str, set[str]] = {}  # safe mode: tiers that granted while it was down
-        self._shadows: dict[int, list[Lease]] = {}  # safe mode: the second lease of a key
+        self._outages = Outages()
+        self._watcher: threading.Thread | None = None  # safe mode: looks at failed tiers
+        self._closed = threading.Event()
         self._pending: dict[str, list[_Pending]] = {}
 
     def __repr__(self) -> str:
@@ -170,18 +184,23 @@ class FallbackChain:
             )
         deadline = None if wait is None else time.monotonic() + wait
         request = _Request(key, ttl, deadline, on_lost, current_owner())
+        backoff = 0.02
         while True:
             try:
                 return self._walk(request)
-            except _Closed as closed:
+            except _Again as again:
                 now = time.monotonic()
                 if deadline is not None and now >= deadline:
-                    cause = BackendUnavailable(str(closed), backend=closed.tier)
-                    causes = {**closed.causes, closed.tier: cause}
+                    if again.contended:
+                        emit(EventKind.TIMED_OUT, self.name, key)
+                        return None
+                    cause = BackendUnavailable(str(again), backend=again.tier)
+                    causes = {**again.causes, again.tier: cause}
                     raise AllBackendsUnavailable(self.name, causes) from None
                 # look again soon: the upper tier may be back before the gate opens
-                until = closed.opens_at if deadline is None else min(closed.opens_at, deadline)
-                time.sleep(max(0.0, min(until - now, 0.5)))
+                until = again.at if deadline is None else min(again.at, deadline)
+                time.sleep(max(0.0, min(until - now, backoff)))
+                backoff = min(backoff * 2, 0.5)
 
     def _allowed(self) -> list[str]:
         """The tiers the switch lets through right now, in order."""
@@ -199,15 +218,12 @@ class FallbackChain:
             failed_above = [above for above in tiers[:position] if above in causes]
             if self.mode == "safe":
                 self._check_gate(tier, failed_above, causes)
-            if not self.breakers[tier].allow():
-                causes[tier] = BackendUnavailable(f"{tier}: circuit open, skipped", backend=tier)
-                self._note_down(tier)
+            if not self._usable(tier, causes):
                 continue
             try:
                 lease = self._acquire_on(tier, request)
             except BackendUnavailable as error:
-                self.breakers[tier].failure()
-                self._note_down(tier)
+                self._failed(tier, error)
                 causes[tier] = error
                 following = tiers[position + 1] if position + 1 < len(tiers) else None
                 self.counts["degraded"] += 1
@@ -216,12 +232,43 @@ class FallbackChain:
             except BaseException:  # no verdict on the tier (a bug, an interrupt): free the probe
                 self.breakers[tier].release_probe()
                 raise
-            self.breakers[tier].success()
-            self._note_up(tier)
+            self._answered(tier)
             if lease is None:  # contention: never asks a lower tier
                 return None
-            return self._settle(tier, lease, failed_above, request)
+            if self.mode == "safe" and lease.depth == 1:
+                self._confirm(tier, lease, failed_above, request, causes)
+            return lease
         raise AllBackendsUnavailable(self.name, causes)
+
+    def _usable(self, tier: str, causes: dict[str, BaseException]) -> bool:
+        """Whether to try `tier` now. An open breaker skips it at no cost; once its
+        reset_timeout is over, one caller probes it with a ping, which no lock can hold
+        up (a probe that waited on a contended key would keep the tier looking down)."""
+        breaker = self.breakers[tier]
+        if not breaker.allow():
+            causes[tier] = BackendUnavailable(f"{tier}: circuit open, skipped", backend=tier)
+            return False
+        if breaker.state is not BreakerState.HALF_OPEN:
+            return True
+        error = self._ping(tier)
+        if error is not None:
+            causes[tier] = error
+            return False
+        return True
+
+    def _ping(self, tier: str) -> BackendUnavailable | None:
+        """Look at `tier` and record what is seen; the error if it failed."""
+        started = time.monotonic()
+        try:
+            self.tiers[tier].ping()
+        except BackendUnavailable as error:
+            self._failed(tier, error, time.monotonic() - started)
+            return error
+        except BaseException:
+            self.breakers[tier].release_probe()
+            raise
+        self._answered(tier)
+        return None
 
     def _acquire_on(self, tier: str, request: _Request) -> Lease | None:
         """Acquire on one tier with retries that never run past the deadline. The first
@@ -270,67 +317,86 @@ class FallbackChain:
     def _check_gate(
         self, tier: str, failed_above: list[str], causes: dict[str, BaseException]
     ) -> None:
-        """Raise `_Closed` while a tier above `tier` that failed may still have leases out."""
-        if not failed_above:
-            return
-        with self._lock:
-            opens_at = max(self._down_since.get(t, 0.0) + self.max_lease for t in failed_above)
-        if opens_at > time.monotonic():
-            raise _Closed(tier, opens_at, causes)
-
-    def _settle(
-        self, tier: str, lease: Lease, failed_above: list[str], request: _Request
-    ) -> Lease | None:
-        """Record who granted while which tier was down; in safe mode, during a fail-back
-        window also take the key on the tiers that served during the outage."""
-        if self.mode != "safe":
-            return lease
+        """Raise `_Again` while a tier above `tier` that failed may still have leases out."""
         now = time.monotonic()
-        with self._lock:
-            for above in failed_above:
-                self._served.setdefault(above, set()).add(tier)
-            back = self._back_since.get(tier)
-            if back is not None and now >= back + self.max_lease:
-                del self._back_since[tier]
-                self._served.pop(tier, None)
-                back = None
-            lower = sorted(self._served.get(tier, ())) if back is not None else []
-        shadows: list[Lease] = []
-        for other in lower:
-            try:
-                shadow = request.on(self.tiers[other])
-            except BackendUnavailable as error:
-                logger.warning(
-                    "safe fail-back: %s unavailable, not holding %r there: %s",
-                    other, request.key, error,
-                )  # fmt: skip
+        for above in failed_above:
+            opens_at = self._outages.opens_at(above, self.max_lease)
+            if opens_at is None:  # passed over, yet not seen failing: look again soon
+                raise _Again(tier, now + WATCH_EVERY, causes)
+            if opens_at > now:
+                raise _Again(tier, opens_at, causes)
+
+    def _confirm(
+        self,
+        tier: str,
+        lease: Lease,
+        failed_above: list[str],
+        request: _Request,
+        causes: dict[str, BaseException],
+    ) -> None:
+        """Let a safe-mode grant stand, or undo it and raise `_Again`: the tiers above a
+        lower tier's grant must still be failing, and no tier below may hold the key for
+        another owner. A lower tier's grant ends at `max_lease` whatever happens."""
+        provider = self.tiers[tier]
+        for above in failed_above:
+            if self._ping(above) is None:  # it is back: the grant must come from there
+                self._release_quietly(lease)
+                raise _Again(tier, time.monotonic(), causes)
+        if self.order.index(tier) > 0:
+            provider.bound(lease, self.max_lease)  # type: ignore[attr-defined]
+        for lower in self.order[self.order.index(tier) + 1 :]:
+            if self._held_below(lower, request):
+                self._release_quietly(lease)
+                raise _Again(lower, time.monotonic() + 0.05, causes, contended=True)
+
+    def _held_below(self, tier: str, request: _Request) -> bool:
+        """Whether `tier` may hold `request.key` for another owner: a read, or, if the tier
+        cannot be read, whether it may still have leases out (they end by `max_lease`)."""
+        started = time.monotonic()
+        try:
+            found = self.tiers[tier].holder(request.key)  # type: ignore[attr-defined]
+        except BackendUnavailable as error:
+            self._failed(tier, error, time.monotonic() - started)
+            opens_at = self._outages.opens_at(tier, self.max_lease)
+            return opens_at is None or opens_at > time.monotonic()
+        self._answered(tier)
+        return found is not None and found.owner != request.owner
+
+    def _watch_failed_tiers(self) -> None:
+        """Safe mode: look at every failed tier until it answers, so its outage clock runs
+        without a gap however rarely acquires come (and it fails back at once)."""
+        while not self._closed.wait(WATCH_EVERY):
+            down = self._outages.down()
+            if not down:
+                with self._lock:
+                    if not self._outages.down():
+                        self._watcher = None
+                        return
                 continue
-            if shadow is None:  # someone from the outage still holds it there
-                for taken in (*shadows, lease):
-                    self._release_quietly(taken)
-                return None
-            shadows.append(shadow)
-        if shadows:
-            with self._lock:
-                self._shadows[id(lease.state)] = shadows
-        return lease
+            for tier in down:
+                with contextlib.suppress(LockError):
+                    self._ping(tier)
 
     # -- health bookkeeping ------------------------------------------------------------------
 
-    def _note_down(self, tier: str) -> None:
-        with self._lock:
-            self._down_since.setdefault(tier, time.monotonic())
+    def _failed(self, tier: str, error: BackendUnavailable, took: float = 0.0) -> None:
+        self.breakers[tier].failure()
+        self._outages.saw_down(tier, took)
+        if self.mode == "safe" and self._watcher is None:
+            with self._lock:
+                if self._watcher is None and not self._closed.is_set():
+                    self._watcher = threading.Thread(
+                        target=self._watch_failed_tiers, name=f"locks-watch-{self.name}",
+                        daemon=True,
+                    )  # fmt: skip
+                    self._watcher.start()
 
-    def _note_up(self, tier: str) -> None:
-        with self._lock:
-            was_down = self._down_since.pop(tier, None) is not None
-            if was_down and self.mode == "safe" and self._served.get(tier):
-                self._back_since[tier] = time.monotonic()
-            pending = bool(self._pending.get(tier))
-        if was_down:
+    def _answered(self, tier: str) -> None:
+        self.breakers[tier].success()
+        if self._outages.saw_up(tier):
             self.counts["recovered"] += 1
             emit(EventKind.RECOVERED, tier, "")
-        if pending:
+        if self._pending.get(tier):  # releases that waited for it to answer
             threading.Thread(target=self._flush, args=(tier,), daemon=True).start()
 
     def _breaker_changed(self, tier: str, old: BreakerState, new: BreakerState) -> None:
@@ -351,19 +417,13 @@ class FallbackChain:
     def release(self, lease: Lease) -> None:
         """Release on the tier that granted it, whatever the switch or breakers say now.
         A tier that does not answer does not make this raise: the release is queued."""
-        provider = self._tier_of(lease)
-        with self._lock:
-            shadows = self._shadows.pop(id(lease.state), [])
-        try:
-            self._release_or_queue(provider, lease)
-        finally:
-            for shadow in shadows:
-                self._release_quietly(shadow)
+        self._release_or_queue(self._tier_of(lease), lease)
 
     def _release_or_queue(self, provider: LockProvider, lease: Lease) -> None:
         try:
             provider.release(lease)
         except BackendUnavailable as error:
+            self._failed(provider.name, error)
             self.counts["release_queued"] += 1
             self._queue(provider.name, _Pending(lease=lease))
             emit(EventKind.RELEASE_QUEUED, provider.name, lease.key, lease, error=error)
@@ -434,8 +494,9 @@ class FallbackChain:
         raise AllBackendsUnavailable(self.name, causes)
 
     def close(self) -> None:
-        """Nothing of its own to free: tiers may serve other chains and are closed by
-        whoever made them."""
+        """Stop watching failed tiers. The tiers themselves may serve other chains and
+        are closed by whoever made them."""
+        self._closed.set()
 
     def lock(
         self,
