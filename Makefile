@@ -6,7 +6,7 @@ PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 
-.PHONY: test lint typecheck docs pytest servers bench demo clean
+.PHONY: test lint typecheck docs pytest servers bench demo soak clean
 
 test: lint typecheck docs pytest
 
@@ -37,6 +37,14 @@ demo: $(VENV)/.installed
 pytest: $(VENV)/.installed servers
 	$(BIN)/pytest
 
+# long fault campaigns with fresh seeds: `make soak MINUTES=30`, or replay one with SEED=...
+SEED ?=
+MINUTES ?= 10
+CAMPAIGN ?=
+soak: $(VENV)/.installed servers
+	$(BIN)/python -m tests.campaign --minutes $(MINUTES) $(if $(SEED),--seed $(SEED)) \
+		$(foreach c,$(CAMPAIGN),--campaign $(c)) --out $(or $(OUT),.soak)
+
 bench: $(VENV)/.installed servers
 	$(BIN)/python -m benchmarks.redis
 	$(BIN)/python -m benchmarks.zookeeper
@@ -45,4 +53,4 @@ bench: $(VENV)/.installed servers
 	$(BIN)/python -m benchmarks.failover
 
 clean:
-	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache .site
+	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache .site .soak

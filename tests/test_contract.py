@@ -20,9 +20,10 @@ from typing import Any, TypeVar
 
 import pytest
 
-from locks import Lease, LockLost, LockNotOwned, LockTimeout
+from locks import Lease, LockLost, LockNotOwned, LockProvider, LockTimeout
 from tests import workers
 from tests.backends import Backend, kinds
+from tests.forks import in_forked_child
 
 SPAWN = multiprocessing.get_context("spawn")
 T = TypeVar("T")
@@ -65,27 +66,38 @@ def test_mutual_exclusion_across_processes(backend: Backend, key: str, tmp_path:
     assert all(a < b for a, b in itertools.pairwise(fences))
 
 
-def test_mutual_exclusion_across_threads(backend: Backend, key: str) -> None:
-    provider = backend.make()
+def exclusive_sections(
+    providers: list[LockProvider], key: str, *, threads: int, rounds: int
+) -> tuple[int, int, list[int]]:
+    """`threads` threads (thread i on provider i % len) each take `key` `rounds` times
+    and increment a shared total inside; the most of them ever inside at once, the
+    total, and every grant's fence."""
     inside = 0
     most_inside = 0
     total = 0
+    fences: list[int] = []
     guard = threading.Lock()
 
-    def work(_: int) -> None:
+    def work(i: int) -> None:
         nonlocal inside, most_inside, total
-        for _ in range(50):
-            with provider.lock(key, ttl=30, wait=60):
+        for _ in range(rounds):
+            with providers[i % len(providers)].lock(key, ttl=30, wait=60) as lease:
                 with guard:
                     inside += 1
                     most_inside = max(most_inside, inside)
+                    fences.append(lease.fence)
                 value = total
                 time.sleep(0.0002)
                 total = value + 1
                 with guard:
                     inside -= 1
 
-    run_threads(8, work)
+    run_threads(threads, work)
+    return most_inside, total, fences
+
+
+def test_mutual_exclusion_across_threads(backend: Backend, key: str) -> None:
+    most_inside, total, _ = exclusive_sections([backend.make()], key, threads=8, rounds=50)
     assert most_inside == 1
     assert total == 8 * 50
 
@@ -425,26 +437,8 @@ def test_an_inner_level_never_shortens_the_hold(backend: Backend, key: str) -> N
 def test_two_provider_objects_exclude_each_other(backend: Backend, key: str) -> None:
     """Threads using different provider objects of one backend still exclude each other."""
     providers = [backend.make(), backend.make()]
-    inside = 0
-    most_inside = 0
-    guard = threading.Lock()
-    fences: list[int] = []
-
-    def work(i: int) -> None:
-        nonlocal inside, most_inside
-        provider = providers[i % 2]
-        for _ in range(25):
-            with provider.lock(key, ttl=30, wait=60) as lease:
-                with guard:
-                    inside += 1
-                    most_inside = max(most_inside, inside)
-                    fences.append(lease.fence)
-                time.sleep(0.0005)
-                with guard:
-                    inside -= 1
-
-    run_threads(4, work)
-    assert most_inside == 1
+    most_inside, total, fences = exclusive_sections(providers, key, threads=4, rounds=25)
+    assert most_inside == 1 and total == 4 * 25
     assert len(set(fences)) == len(fences), "two grants shared a fence"
 
 
@@ -500,27 +494,6 @@ def test_closing_a_provider_ends_its_leases_and_says_so(backend: Backend, key: s
         other.release(taken)
 
 
-def _in_forked_child(check: Callable[[], list[bool]]) -> list[bool]:
-    """Run `check` in a forked child; its verdicts, or an error naming what it raised."""
-    read, write = os.pipe()
-    pid = os.fork()
-    if pid == 0:
-        verdicts: list[bool] = []
-        try:
-            verdicts = check()
-        except BaseException as exc:  # the parent reports it
-            os.write(write, f"!{type(exc).__name__}: {exc}".encode()[:4000])
-            os._exit(1)
-        os.write(write, bytes(int(v) for v in verdicts))
-        os._exit(0)
-    os.close(write)
-    _, status = os.waitpid(pid, 0)
-    report = os.read(read, 4096)
-    os.close(read)
-    assert os.WEXITSTATUS(status) == 0, report.decode(errors="replace")
-    return [bool(b) for b in report]
-
-
 @pytest.mark.parametrize("backend", [k for k in kinds() if k != "chain"], indirect=True)
 def test_a_forked_child_starts_afresh(backend: Backend, key: str) -> None:
     """A child works on its own (new connections, a new session), never holds what its
@@ -545,7 +518,7 @@ def test_a_forked_child_starts_afresh(backend: Backend, key: str) -> None:
         verdicts.append((theirs is not None) == (not backend.capabilities.cross_process))
         return verdicts
 
-    assert _in_forked_child(child) == [True, True, True]
+    assert in_forked_child(child) == [True, True, True]
     assert provider.is_held(lease)
     lease.check()
     provider.release(lease)

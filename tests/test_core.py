@@ -20,6 +20,7 @@ from locks.events import Event, EventKind, add_observer, remove_observer
 from locks.names import check_name, check_ttl, check_wait
 from locks.owner import current_owner, in_this_process, new_token
 from locks.watchdog import Watchdog
+from tests.forks import in_forked_child
 from tests.servers import RedisServer
 
 
@@ -89,34 +90,24 @@ def test_a_forked_child_never_believes_it_holds_its_parents_lock(
 ) -> None:
     lease = redis_hash.acquire(key, ttl=30)
     assert lease is not None
-    read, write = os.pipe()
-    pid = os.fork()
-    if pid == 0:  # the child: report what it sees, then leave without cleanup
-        verdicts = []
+
+    def child() -> list[bool]:
+        verdicts = [in_this_process(lease.owner) is False, current_owner() != lease.owner]
         try:
-            verdicts.append(in_this_process(lease.owner) is False)
-            verdicts.append(current_owner() != lease.owner)
-            try:
-                lease.check()
-                verdicts.append(False)
-            except LockLost:
-                verdicts.append(True)
-            verdicts.append(redis_hash.is_held(lease) is False)
-            try:
-                redis_hash.release(lease)
-                verdicts.append(False)
-            except LockNotOwned:
-                verdicts.append(True)
-            verdicts.append(redis_hash.acquire(key, ttl=30, wait=0) is None)  # no re-entry
-        finally:
-            os.write(write, bytes(int(v) for v in verdicts))
-            os._exit(0)
-    os.close(write)
-    _, status = os.waitpid(pid, 0)
-    report = os.read(read, 100)
-    os.close(read)
-    assert os.WEXITSTATUS(status) == 0
-    assert list(report) == [1] * 6
+            lease.check()
+            verdicts.append(False)
+        except LockLost:
+            verdicts.append(True)
+        verdicts.append(redis_hash.is_held(lease) is False)
+        try:
+            redis_hash.release(lease)
+            verdicts.append(False)
+        except LockNotOwned:
+            verdicts.append(True)
+        verdicts.append(redis_hash.acquire(key, ttl=30, wait=0) is None)  # no re-entry
+        return verdicts
+
+    assert in_forked_child(child) == [True] * 6
     assert redis_hash.is_held(lease) and lease.depth == 1
     redis_hash.release(lease)
 
