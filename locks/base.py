@@ -53,6 +53,7 @@ class ProviderBase(ABC):
         self.watchdog_ttl = check_seconds(watchdog_ttl, "watchdog_ttl")
         self._watchdog = Watchdog(f"locks-renew-{self.name}")
         self._closed = False
+        self._domain_key: Hashable | None = None  # `_domain()`, once the backend is set up
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}(name={self.name!r})"
@@ -90,6 +91,14 @@ class ProviderBase(ABC):
         other. By default, only the object itself."""
         return id(self)
 
+    def _reentrancy_domain(self) -> Hashable | None:
+        """`_domain()`, worked out once; None where the backend is not reentrant."""
+        if not self.capabilities.reentrant:
+            return None
+        if self._domain_key is None:
+            self._domain_key = self._domain()
+        return self._domain_key
+
     def _check_hold(self, hold: Hold) -> None:  # noqa: B027 - a hook, empty by default
         """Raise `BackendUnavailable` if a new level of `hold` cannot be vouched for now
         (ZooKeeper: the session is in doubt)."""
@@ -118,7 +127,7 @@ class ProviderBase(ABC):
         auto = fixed_ttl is None and self.capabilities.expires
         owner = current_owner()
         started = time.monotonic()
-        domain = self._domain() if self.capabilities.reentrant else None
+        domain = self._reentrancy_domain()
         if domain is not None:
             hold = holds.find(domain, owner, key)
             if hold is not None:
@@ -240,8 +249,9 @@ class ProviderBase(ABC):
         Reading it and acting on it is a race; take the lock instead."""
         key = check_name(key)
         found = self._reporting(key, self._holder, key)
-        if found is not None and found.depth is None and self.capabilities.reentrant:
-            hold = holds.find(self._domain(), found.owner, key)  # levels are counted here
+        domain = self._reentrancy_domain()
+        if found is not None and found.depth is None and domain is not None:
+            hold = holds.find(domain, found.owner, key)  # levels are counted here
             if hold is not None:
                 found = dataclasses.replace(found, depth=len(hold.live(time.monotonic())))
         return found
@@ -341,22 +351,23 @@ class ProviderBase(ABC):
         """The watchdog's call: extend the grant so it covers every live level; the time
         of the next renewal, or None when there is nothing left to renew."""
         ended: str | None = None
-        overdue: list[Lease] = []
         due: float | None = None
         with hold.lock:
             now = time.monotonic()
             if hold.ending or hold.over:
                 hold.watched = False
                 return None
+            renewed = [level for level in hold.levels if level.auto_renew]
+            auto = [level for level in renewed if level.state.live(now)]
+            # levels whose validity ran out before they could be renewed (the process was
+            # frozen, or this thread starved): lost, and told so, never quietly dropped
+            overdue = [lv for lv in renewed if not (lv.state.lost or lv.state.ended)
+                       and lv.state.expired(now)]  # fmt: skip
             if hold.limit is not None and now >= hold.limit:
                 ended = "it reached the bound its chain set (safe mode)"
-            auto = [level for level in hold.levels if level.auto_renew and level.state.live(now)]
-            if ended is None and not auto:
-                if hold.limit is not None:
-                    return hold.limit  # visit it once more, at its bound
-                hold.watched = False
-                return None
-            if ended is None:
+            elif not auto:
+                due = hold.limit  # a bounded hold is visited once more, at its bound
+            else:
                 want = max(level.ttl for level in auto)
                 target = hold.target(now, want)
                 try:
@@ -367,19 +378,18 @@ class ProviderBase(ABC):
                     hold.valid_until = now + target
                     for level in auto:
                         level.state.renewed(min(now + level.ttl, now + target))
-                    due = now + want / 3
-                    return due if hold.limit is None else min(due, hold.limit)
-                if held is None:  # it cannot say: try again until the validity runs out
+                    due = now + want / 3 if hold.limit is None else min(now + want / 3, hold.limit)
+                elif held is None:  # it cannot say: try again until the validity runs out
                     later = time.monotonic()
-                    overdue = [lv for lv in auto if lv.state.expired(later)]
+                    overdue += [lv for lv in auto if lv.state.expired(later)]
                     alive = [lv.state.valid_until for lv in auto if not lv.state.expired(later)]
                     if alive:
                         retry = min(max(want / 30, 0.05), _RETRY_CAP)
                         due = min(later + retry, *[until for until in alive if until])
-                    else:
-                        due = None
                 else:
                     ended = "the backend no longer holds it"
+            if due is None:
+                hold.watched = False
         if ended is not None:
             self._lose(hold, ended)
             if hold.limit is not None:  # a bounded grant is ended on the server too
@@ -388,10 +398,7 @@ class ProviderBase(ABC):
                     self._reporting(hold.key, self._release, hold.anchor)
             return None
         for level in overdue:
-            mark_lost(level, "renewals failed until its validity ran out")
-        if due is None:
-            with hold.lock:
-                hold.watched = False
+            mark_lost(level, "its validity ran out before it could be renewed")
         return due
 
     def _expire_hold(self, hold: Hold, now: float) -> float | None:
@@ -411,7 +418,7 @@ class ProviderBase(ABC):
 
     def _forget(self, hold: Hold) -> None:
         """The hold is over: no new level, no renewal; whoever waits on it goes on."""
-        forgotten = holds.remove(hold, self._domain() if self.capabilities.reentrant else None)
+        forgotten = holds.remove(hold, self._reentrancy_domain())
         if forgotten and hold.watched:
             self._watchdog.unwatch(hold)
         hold.finish()

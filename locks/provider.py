@@ -152,6 +152,13 @@ class Lease:
             raise LockLost(f"{where} is in doubt: the connection to its backend is suspended")
         valid_until = state.valid_until
         if valid_until is not None and time.monotonic() > valid_until - self.drift:
+            if self.auto_renew:
+                # it should have been renewed in time and was not: its holder hears of the
+                # loss (on_lost) before anyone can act on it, here if nobody told it yet
+                from locks.watchdog import mark_lost  # noqa: PLC0415 - watchdog imports us
+
+                mark_lost(self, "its validity ran out before it could be renewed")
+                raise LockLost(f"{where} was lost: {state.reason}")
             raise LockLost(f"{where} expired")
 
 

@@ -279,6 +279,36 @@ def test_a_killed_holder_frees_the_lock_within_its_ttl(backend: Backend, key: st
 
 
 @pytest.mark.parametrize("backend", kinds(renewable=True), indirect=True)
+def test_a_watchdog_lease_that_ran_out_while_the_process_was_frozen_is_lost(
+    backend: Backend, key: str
+) -> None:
+    """A process stopped (SIGSTOP, a VM pause) past its watchdog lease wakes up with the
+    lease run out: its holder must hear of the loss (on_lost), before or with the first
+    check that fails, never silence. Found by a fault campaign (mariadb, seed 954666620)."""
+    provider = backend.make(watchdog_ttl=0.6)
+    lost: list[Lease] = []
+    first = provider.acquire(key, on_lost=lost.append)
+    second = provider.acquire(key + ":2", on_lost=lost.append)
+    assert first is not None and second is not None
+    holds = [lease.state.hold for lease in (first, second)]
+    for hold in holds:  # as if the process were frozen: no renewal comes
+        hold.provider._watchdog.unwatch(hold)  # type: ignore[attr-defined]
+    time.sleep(0.8)
+    with pytest.raises(LockLost):  # the holder looks first
+        first.check()
+    assert lost == [first], "check() failed, and on_lost was never told"
+    # the renewal thread wakes first: it finds the validity run out and says so
+    holds[1].provider._watchdog.watch(holds[1], time.monotonic())  # type: ignore[attr-defined]
+    deadline = time.monotonic() + 2
+    while len(lost) < 2 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert lost == [first, second], "the renewal thread dropped a run-out lease in silence"
+    for lease in (first, second):
+        with pytest.raises(LockNotOwned):
+            provider.release(lease)
+
+
+@pytest.mark.parametrize("backend", kinds(renewable=True), indirect=True)
 def test_a_lock_deleted_behind_the_holders_back_is_lost(backend: Backend, key: str) -> None:
     provider = backend.make(watchdog_ttl=0.6)
     lost: list[Lease] = []

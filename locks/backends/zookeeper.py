@@ -408,8 +408,11 @@ class ZooKeeperProvider(ProviderBase):
             with self._translated():
                 try:
                     queue = _queue(self._get(self.client.get_children_async(parent)))
-                    if not queue:
-                        return None
+                except NoNodeError:  # no parent: nobody holds it, or ever waited
+                    return None
+                if not queue:
+                    return None
+                try:
                     data, stat = self._get(self.client.get_async(f"{parent}/{queue[0]}"))
                 except NoNodeError:
                     continue
