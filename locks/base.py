@@ -173,6 +173,9 @@ class ProviderBase(ABC):
             if not last:  # other levels live on: nothing to tell the server
                 self._released(lease, expired)
                 return
+        # The last live level: the hold's grant goes, even if this lease itself ran out
+        # (an outer level's longer expiry may still hold the key on the server, for
+        # nobody). Named by the grant's own token, it can touch no other grant.
         owner = hold.provider  # its connection made the grant
         try:
             released = owner._reporting(lease.key, owner._release, hold.anchor)
@@ -181,9 +184,14 @@ class ProviderBase(ABC):
             raise
         finally:
             owner._forget(hold)
-        self._released(lease, expired or not released)
+        self._released(lease, expired, refused=not released)
 
-    def _released(self, lease: Lease, refused: bool) -> None:
+    def _released(self, lease: Lease, expired: bool, *, refused: bool = False) -> None:
+        if expired:
+            raise LockNotOwned(
+                f"{lease.key!r} on {self.name!r}: this lease had expired before its release "
+                "(what its hold still held on the server, if anything, was released)"
+            )
         if refused:
             raise LockNotOwned(
                 f"{lease.key!r} on {self.name!r} was no longer held by this lease "
