@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import math
 import re
 import time
@@ -49,6 +50,7 @@ from locks.holds import Hold
 from locks.owner import current_owner
 from locks.provider import Capabilities, Holder
 from tests.backends import Backend, kinds
+from tests.forks import in_forked_child
 
 T = TypeVar("T")
 
@@ -61,6 +63,7 @@ ADVANCE = 0.35  # past a short lease's 0.3 s, with room for the margin
 MARGIN = 0.05  # within this of its expiry a lease is in doubt: nothing about it is asserted
 MAX_ADVANCES = 3  # per example: sleeping is most of the run time
 MAX_CLOSES = 1  # per example: a provider (a ZooKeeper session, a pool) costs to make
+MAX_FORKS = 1  # per example: a child makes its own connections
 
 EXPIRING_RUNS = 8  # each sleeps up to MAX_ADVANCES * ADVANCE
 TIMELESS_RUNS = 40  # local and zookeeper: no sleeping
@@ -220,6 +223,7 @@ def model_machine(
             self.levels: list[Level] = []
             self.advances = 0
             self.closes = 0
+            self.forks = 0
 
         def teardown(self) -> None:
             try:
@@ -477,6 +481,38 @@ def model_machine(
             self.generation += 1
             self.grants = [None] * KEYS
             self.provider = subject.make()
+
+        @precondition(
+            lambda self: (
+                self.forks < MAX_FORKS
+                and self.some_unreleased()
+                and not hasattr(self.provider, "tiers")
+            )
+        )
+        @rule()
+        def fork(self) -> None:
+            """A forked child holds nothing of its parent's: there, every lease of the
+            parent fails its check and cannot be released, and a free key can be taken.
+            The parent's leases are untouched (the invariants check it next)."""
+            self.forks += 1
+            provider = self.provider
+            parents = [level.lease for level in self.levels if not level.ended]
+            free = f"{self.keys[0]}:child"
+
+            def child() -> list[bool]:
+                verdicts = []
+                for lease in parents:
+                    verdicts.append(caught(lease.check)() is not None)
+                    refused = caught(functools.partial(provider.release, lease))()
+                    verdicts.append(isinstance(refused, LockNotOwned))
+                taken = provider.acquire(free, ttl=30, wait=5)
+                verdicts.append(taken is not None)
+                if taken is not None:
+                    provider.release(taken)
+                return verdicts
+
+            verdicts = in_forked_child(child)
+            assert all(verdicts), f"a forked child saw its parent's leases as its own: {verdicts}"
 
         # -- invariants -----------------------------------------------------------------
 
