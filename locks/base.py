@@ -288,7 +288,7 @@ class ProviderBase(ABC):
         self._closed = True
         self._watchdog.close()
         reachable = self.release_on_close
-        for hold in holds.of(self):
+        for hold in self._holds():
             self._lose(hold, f"its provider {self.name!r} was closed")
             if reachable and not hold.ending:
                 try:

@@ -70,10 +70,6 @@ class LeaseState:
             if not self.lost and not self.ended:
                 self.valid_until = valid_until
 
-    def end(self) -> None:
-        with self._lock:
-            self.ended = True
-
     def begin_release(self) -> bool:
         """Claim the release: True if it is a retry of a server call that failed, False if
         it is the first; raises LookupError (with the reason) if the lease has ended."""

@@ -26,8 +26,9 @@ import operator
 import threading
 import time
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import TypeVar
 
 from tenacity import (
     RetryCallState,
@@ -48,6 +49,7 @@ from locks.owner import current_owner
 from locks.provider import Capabilities, Holder, Lease, Lock, LockProvider, LostCallback
 
 logger = logging.getLogger("locks")
+R = TypeVar("R")
 
 MODES = ("fast", "safe")
 
@@ -223,7 +225,7 @@ class FallbackChain:
             try:
                 lease = self._acquire_on(tier, request)
             except BackendUnavailable as error:
-                self._failed(tier, error)
+                self._failed(tier)
                 causes[tier] = error
                 following = tiers[position + 1] if position + 1 < len(tiers) else None
                 self.counts["degraded"] += 1
@@ -258,17 +260,24 @@ class FallbackChain:
 
     def _ping(self, tier: str) -> BackendUnavailable | None:
         """Look at `tier` and record what is seen; the error if it failed."""
-        started = time.monotonic()
         try:
-            self.tiers[tier].ping()
-        except BackendUnavailable as error:
-            self._failed(tier, error, time.monotonic() - started)
-            return error
-        except BaseException:
+            answer = self._observed(tier, self.tiers[tier].ping)
+        except BaseException:  # no verdict on the tier: free the probe this may be
             self.breakers[tier].release_probe()
             raise
+        return answer if isinstance(answer, BackendUnavailable) else None
+
+    def _observed(self, tier: str, call: Callable[[], R]) -> R | BackendUnavailable:
+        """`call` on `tier`, recorded as a sign of life or a failure (with how long it
+        took: a hung server fails slowly); the error is returned, not raised."""
+        started = time.monotonic()
+        try:
+            answer = call()
+        except BackendUnavailable as error:
+            self._failed(tier, time.monotonic() - started)
+            return error
         self._answered(tier)
-        return None
+        return answer
 
     def _acquire_on(self, tier: str, request: _Request) -> Lease | None:
         """Acquire on one tier with retries that never run past the deadline. The first
@@ -352,15 +361,12 @@ class FallbackChain:
     def _held_below(self, tier: str, request: _Request) -> bool:
         """Whether `tier` may hold `request.key` for another owner: a read, or, if the tier
         cannot be read, whether it may still have leases out (they end by `max_lease`)."""
-        started = time.monotonic()
-        try:
-            found = self.tiers[tier].holder(request.key)  # type: ignore[attr-defined]
-        except BackendUnavailable as error:
-            self._failed(tier, error, time.monotonic() - started)
+        holder = self.tiers[tier].holder  # type: ignore[attr-defined]
+        found = self._observed(tier, functools.partial(holder, request.key))
+        if isinstance(found, BackendUnavailable):
             opens_at = self._outages.opens_at(tier, self.max_lease)
             return opens_at is None or opens_at > time.monotonic()
-        self._answered(tier)
-        return found is not None and found.owner != request.owner
+        return found is not None and bool(found.owner != request.owner)
 
     def _watch_failed_tiers(self) -> None:
         """Safe mode: look at every failed tier until it answers, so its outage clock runs
@@ -379,7 +385,7 @@ class FallbackChain:
 
     # -- health bookkeeping ------------------------------------------------------------------
 
-    def _failed(self, tier: str, error: BackendUnavailable, took: float = 0.0) -> None:
+    def _failed(self, tier: str, took: float = 0.0) -> None:
         self.breakers[tier].failure()
         self._outages.saw_down(tier, took)
         if self.mode == "safe" and self._watcher is None:
@@ -423,7 +429,7 @@ class FallbackChain:
         try:
             provider.release(lease)
         except BackendUnavailable as error:
-            self._failed(provider.name, error)
+            self._failed(provider.name)
             self.counts["release_queued"] += 1
             self._queue(provider.name, _Pending(lease=lease))
             emit(EventKind.RELEASE_QUEUED, provider.name, lease.key, lease, error=error)

@@ -62,6 +62,3 @@ class Outages:
     def down(self) -> list[str]:
         with self._lock:
             return list(self._by_tier)
-
-    def __contains__(self, tier: object) -> bool:
-        return tier in self._by_tier
