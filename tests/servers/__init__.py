@@ -1,8 +1,9 @@
 """Real servers for the tests: started once per session on free 127.0.0.1 ports in a
 temp dir, and killed, paused (SIGSTOP) and restarted by fault tests.
 
-Loaded as a pytest plugin (`-p tests.servers` in pyproject.toml). A missing server
-binary fails the run with the command that installs it.
+Loaded as a pytest plugin (`pytest_plugins` in tests/conftest.py), with one module
+per multi-node topology beside this one. A missing server binary fails the run with the
+command that installs it.
 """
 
 from __future__ import annotations
@@ -21,6 +22,13 @@ from typing import Any, TypeVar
 import pytest
 
 from tests.ports import free_port
+
+# each topology's fixtures live in a module of its own
+pytest_plugins = [
+    "tests.servers.redis_topologies",
+    "tests.servers.zookeeper_ensemble",
+    "tests.servers.mariadb_replica",
+]
 
 INSTALL_HINT = "apt-get install -y redis-server zookeeper mariadb-server (or run `make test`)"
 

@@ -1,0 +1,1 @@
+"""Placeholder: fixtures of this topology arrive with issue 12."""
