@@ -20,7 +20,7 @@ from redis.crc import key_slot
 
 from locks import BackendUnavailable, FallbackChain, Lease, LockError, LockNotOwned
 from locks.backends import LocalProvider, RedisHashProvider, RedisProvider
-from locks.backends.redis import _RedisProviderBase
+from locks.backends.redis.provider import _RedisProviderBase
 from locks.errors import BackendError
 from locks.events import Event, EventKind, add_observer, remove_observer
 from tests.ports import free_port

@@ -19,8 +19,8 @@ from redis import exceptions as errors
 from redis.backoff import NoBackoff
 from redis.retry import Retry
 
-from locks.backends import redis_scripts as scripts
-from locks.backends.redis_notify import NO_RESULT, ReleaseNotifier
+from locks.backends.redis import scripts
+from locks.backends.redis.notify import NO_RESULT, ReleaseNotifier
 from locks.base import Grant, ProviderBase
 from locks.errors import AccessDenied, BackendError, BackendUnavailable
 from locks.names import check_name, check_seconds, redis_hash_tag
@@ -158,7 +158,7 @@ class _RedisProviderBase(ProviderBase):
             # refused at connect: the script was never sent, so nothing can have been taken
             sent = not isinstance(exc.__context__, ConnectionRefusedError)
             raise self._error(exc, ambiguous=sent, key=keys.name, token=token) from exc
-        # the reply shapes are described in redis_scripts
+        # the reply shapes are described in locks.backends.redis.scripts
         if isinstance(reply, int):
             if reply > 0:
                 return Grant(token, reply, 1, sent_at)
