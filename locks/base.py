@@ -453,6 +453,11 @@ class ProviderBase(ABC):
         """A password that must never appear in an error message."""
         return None
 
+    def _secrets(self) -> list[str]:
+        """Every such password (a topology may hold several)."""
+        secret = self._secret()
+        return [secret] if secret else []
+
     def _classify(self, error: BaseException) -> type[BackendUnavailable] | type[BackendError]:
         """Which of our errors a driver's error becomes."""
         if isinstance(error, self.denied_errors):
@@ -501,8 +506,7 @@ class ProviderBase(ABC):
         cause = getattr(error, "orig", None) or error  # SQLAlchemy wraps the driver's error
         lines = str(cause).splitlines()
         detail = lines[0] if lines else ""
-        secret = self._secret()
-        if secret:
+        for secret in self._secrets():
             detail = detail.replace(secret, "***")
         return f"{type(cause).__name__}: {detail}"
 

@@ -7,13 +7,19 @@ leaves with a wake-up it did not use passes it on. A channel nobody waits on sta
 subscribed for a while (`linger`) before the subscriber thread drops it, so a busy
 key is not resubscribed on every wait and no caller pays for an UNSUBSCRIBE.
 
-Messages can still be lost (a reconnect, a crash between release and publish):
-callers bound every wait by the lock's PTTL, so a lost message costs time, never
-correctness.
+A broken subscriber connection is replaced by a new `PubSub` that subscribes every
+channel again: on a Sentinel primary the new one reaches the promoted server; on a
+Cluster (whose classic pub/sub is broadcast to every node, so one connection to any
+node hears every release) it reaches a node that still answers.
+
+Messages can still be lost (a reconnect, a failover, a crash between release and
+publish): callers bound every wait by the lock's PTTL, so a lost message costs time,
+never correctness.
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import threading
@@ -24,10 +30,10 @@ from contextlib import contextmanager
 from enum import Enum
 from typing import Any, Generic, TypeVar
 
-from redis import Redis
 from redis.client import PubSub
-from redis.exceptions import RedisError
+from redis.exceptions import RedisClusterException, RedisError
 
+from locks.backends.redis.topology import Client
 from locks.errors import LockError
 
 logger = logging.getLogger("locks")
@@ -106,12 +112,12 @@ class Waiter(Generic[T]):
 class ReleaseNotifier:
     def __init__(
         self,
-        client: Redis,
+        client: Callable[[], Client],
         translate: Callable[[Exception], LockError],
         confirm_timeout: float,
         linger: float = 1.0,
     ) -> None:
-        self._client = client
+        self._client = client  # built on first use
         self._translate = translate  # a driver's error as ours
         self._confirm_timeout = confirm_timeout
         self._linger = linger
@@ -156,16 +162,27 @@ class ReleaseNotifier:
     def _subscribe(self, channel: str) -> None:
         """Under self._lock, so subscribes and unsubscribes reach Redis in the order
         decided. On failure nothing is recorded: the next waiter subscribes afresh."""
-        if self._pubsub is None:
-            self._pubsub = self._client.pubsub()  # type: ignore[no-untyped-call]
-            threading.Thread(
-                target=self._run, args=(self._pubsub,), name="locks-redis-notify", daemon=True
-            ).start()
         try:
-            self._pubsub.subscribe(channel)
-        except RedisError as exc:
+            if self._pubsub is None:
+                self._start([*self._subscribed, channel])
+            else:
+                self._pubsub.subscribe(channel)
+        except (RedisError, RedisClusterException) as exc:
             raise self._translate(exc) from exc
         self._subscribed[channel] = threading.Event()
+
+    def _start(self, channels: list[str]) -> None:
+        """Under self._lock: a new subscriber to `channels`, read by a thread of its own."""
+        pubsub: PubSub = self._client().pubsub()  # type: ignore[no-untyped-call]
+        try:
+            pubsub.subscribe(*channels)
+        except BaseException:
+            pubsub.close()
+            raise
+        self._pubsub = pubsub
+        threading.Thread(
+            target=self._run, args=(pubsub,), name="locks-redis-notify", daemon=True
+        ).start()
 
     def _leave(self, channel: str, waiter: Waiter[Any]) -> None:
         with self._lock:
@@ -207,9 +224,12 @@ class ReleaseNotifier:
                 with self._lock:
                     if self._closed or pubsub is not self._pubsub:
                         return
+                    self._pubsub = None
                 self._connection_broke(exc)
-                time.sleep(0.1)
-                continue
+                with contextlib.suppress(Exception):
+                    pubsub.close()
+                self._resubscribe()
+                return
             if message is not None:
                 self._dispatch(message)
             self._drop_idle_channels()
@@ -249,6 +269,21 @@ class ReleaseNotifier:
         with self._lock:
             target._result = result
             target._woken.set()
+
+    def _resubscribe(self) -> None:
+        """A new subscriber for every channel, tried every 0.1 s until a server answers
+        (unless a waiter started one first, or nobody waits any more)."""
+        while True:
+            time.sleep(0.1)
+            with self._lock:
+                if self._closed or self._pubsub is not None or not self._subscribed:
+                    return
+                try:
+                    self._start(list(self._subscribed))
+                except Exception as exc:  # still no server
+                    logger.debug("redis release notifications: resubscribe failed: %s", exc)
+                    continue
+                return
 
     def _connection_broke(self, exc: BaseException) -> None:
         """Wake every waiter: each retries now and either wins or reports the outage."""

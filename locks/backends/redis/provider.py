@@ -1,26 +1,26 @@
 """Redis backends: `redis` (SET NX PX, one token per grant) and `redis-hash` (Redisson's
 reentrant hash). Both take the fence in the acquire script, wait through pub/sub with
 every wait bounded by the key's PTTL, and report a dead server as `BackendUnavailable`
-within the configured socket timeouts."""
+within the configured socket timeouts. The same code runs on one server, a Sentinel
+primary or a Cluster (`topology`); `sync_replicas` makes each grant and renewal count
+only once replicas have it."""
 
 from __future__ import annotations
 
 import functools
-import hashlib
 import time
 from abc import abstractmethod
-from collections.abc import Hashable, Iterator
+from collections.abc import Hashable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
-import redis
 from redis import exceptions as errors
-from redis.backoff import NoBackoff
-from redis.retry import Retry
 
 from locks.backends.redis import scripts
 from locks.backends.redis.notify import NO_RESULT, ReleaseNotifier
+from locks.backends.redis.scripts import Script
+from locks.backends.redis.topology import DEFAULT_URL, Client, Timeouts, replica_sync, topology
 from locks.base import Grant, ProviderBase
 from locks.errors import AccessDenied, BackendError, BackendUnavailable
 from locks.names import check_name, check_seconds, redis_hash_tag
@@ -28,10 +28,12 @@ from locks.provider import Capabilities, Holder, Lease
 
 # "This Redis cannot serve us now": unreachable, timed out, a demoted primary (READONLY),
 # still loading its data (LOADING), out of memory (OOM), no primary (MASTERDOWN,
-# CLUSTERDOWN, TRYAGAIN). The only errors that degrade a chain.
+# CLUSTERDOWN, TRYAGAIN, a cluster client that reaches no node or no owner of a slot).
+# The only errors that degrade a chain.
 _UNAVAILABLE = (
     errors.ConnectionError, errors.TimeoutError, errors.ReadOnlyError, errors.BusyLoadingError,
-    errors.OutOfMemoryError, errors.ClusterDownError, errors.TryAgainError, OSError,
+    errors.OutOfMemoryError, errors.ClusterDownError, errors.TryAgainError, errors.ClusterError,
+    errors.RedisClusterException, OSError,
 )  # fmt: skip
 # Credentials or ACLs refused: WRONGPASS/NOAUTH (AuthenticationError, which redis-py
 # derives from ConnectionError: it is sorted first), NOPERM.
@@ -49,10 +51,14 @@ class _Keys:
     channel: str
 
 
+class _NotReplicated(Exception):
+    """Fewer replicas acknowledged a write than `sync_replicas` asks for."""
+
+
 class _RedisProviderBase(ProviderBase):
     """What the two Redis algorithms share: client, keys, waiting, error translation."""
 
-    unavailable_errors = _UNAVAILABLE
+    unavailable_errors = (*_UNAVAILABLE, _NotReplicated)
     denied_errors = _DENIED
     driver_errors = (errors.RedisError,)
     acquire_lua: ClassVar[str]
@@ -61,9 +67,9 @@ class _RedisProviderBase(ProviderBase):
 
     def __init__(
         self,
-        url: str = "redis://127.0.0.1:6379/0",
+        url: str = DEFAULT_URL,
         *,
-        client: redis.Redis | None = None,
+        client: Client | None = None,
         name: str | None = None,
         prefix: str = "locks",
         watchdog_ttl: float = 30.0,
@@ -72,6 +78,17 @@ class _RedisProviderBase(ProviderBase):
         max_connections: int = 50,
         pool_timeout: float = 5.0,
         fence_ttl: float = 7 * 24 * 3600.0,
+        sentinels: Sequence[str] | None = None,
+        service: str | None = None,
+        cluster_nodes: Sequence[str] | None = None,
+        db: int | None = None,
+        username: str | None = None,
+        password: str | None = None,
+        sentinel_username: str | None = None,
+        sentinel_password: str | None = None,
+        sync_replicas: int = 0,
+        sync_timeout: float = 0.25,
+        sync_aof: bool = False,
     ) -> None:
         super().__init__(self.type_name if name is None else name, watchdog_ttl)
         prefix = check_name(prefix, "prefix")
@@ -79,29 +96,34 @@ class _RedisProviderBase(ProviderBase):
             raise ValueError("prefix must not contain '{' or '}': they would move the hash tag")
         self.prefix = prefix
         self.fence_ttl_ms = _ms(check_seconds(fence_ttl, "fence_ttl"))
-        socket_timeout = check_seconds(socket_timeout, "socket_timeout")
-        self._owns_client = client is None
-        if client is None:
-            if not isinstance(url, str):
-                raise TypeError(f"url must be a str, not {type(url).__name__}")
-            pool = redis.BlockingConnectionPool.from_url(
-                url,
-                max_connections=max_connections,
-                timeout=check_seconds(pool_timeout, "pool_timeout"),
-                socket_timeout=socket_timeout,
-                socket_connect_timeout=check_seconds(connect_timeout, "connect_timeout"),
-                retry=Retry(NoBackoff(), 0),  # the chain decides about retries, not redis-py
-            )
-            client = redis.Redis(connection_pool=pool)
-        elif not isinstance(client, redis.Redis):
-            raise TypeError(f"client must be a redis.Redis, not {type(client).__name__}")
-        self.client = client
-        self.address = _address(client)
-        self._notifier = ReleaseNotifier(client, self._error, confirm_timeout=socket_timeout)
-        self._acquire_script = _Script(client, self.acquire_lua)
-        self._release_script = _Script(client, self.release_lua)
-        self._extend_script = _Script(client, self.extend_lua)
-        self._holder_script = _Script(client, scripts.READ_HOLDER)
+        timeouts = Timeouts(
+            socket=check_seconds(socket_timeout, "socket_timeout"),
+            connect=check_seconds(connect_timeout, "connect_timeout"),
+            max_connections=max_connections,
+            pool=check_seconds(pool_timeout, "pool_timeout"),
+        )
+        self._sync = replica_sync(sync_replicas, sync_timeout, sync_aof, timeouts.socket)
+        self.sync_replicas = sync_replicas
+        self.topology = topology(
+            url, client=client, sentinels=sentinels, service=service,
+            cluster_nodes=cluster_nodes, db=db, username=username, password=password,
+            sentinel_username=sentinel_username, sentinel_password=sentinel_password,
+            timeouts=timeouts,
+        )  # fmt: skip
+        self.address = self.topology.address
+        self._notifier = ReleaseNotifier(
+            self.topology.client, self._error, confirm_timeout=timeouts.socket
+        )
+        self._acquire_script = Script(self.acquire_lua)
+        self._release_script = Script(self.release_lua)
+        self._extend_script = Script(self.extend_lua)
+        self._holder_script = Script(scripts.READ_HOLDER)
+
+    @property
+    def client(self) -> Client:
+        """The redis-py client (a cluster's is built on first use)."""
+        with self._translated():
+            return self.topology.client()
 
     # -- the algorithm's part -----------------------------------------------------------
 
@@ -109,14 +131,17 @@ class _RedisProviderBase(ProviderBase):
     def _acquire_args(self, keys: _Keys, owner: str, token: str, ttl_ms: int) -> list[Any]:
         """ARGV of this algorithm's acquire script."""
 
+    @abstractmethod
+    def _value(self, owner: str, token: str) -> str:
+        """What this algorithm's release and extend scripts compare with the stored grant."""
+
     # -- shared ------------------------------------------------------------------------------
 
     def _keys(self, key: str) -> _Keys:
         return _keys(self.prefix, key)
 
     def _domain(self) -> Hashable:
-        db = self.client.connection_pool.connection_kwargs.get("db", 0)
-        return ("redis", self.address, db, self.prefix)
+        return ("redis", self.topology.domain(), self.prefix)
 
     def _classify(self, error: BaseException) -> type[BackendUnavailable] | type[BackendError]:
         if isinstance(error, errors.ResponseError) and _SCRIPT_DENIED in str(error):
@@ -153,14 +178,16 @@ class _RedisProviderBase(ProviderBase):
         sent_at = time.monotonic()
         args = self._acquire_args(keys, owner, token, ttl_ms)
         try:
-            reply = self._acquire_script([keys.lock, keys.fence], args)
-        except (errors.RedisError, OSError) as exc:
+            reply, acks = self._call(self._acquire_script, [keys.lock, keys.fence], args)
+        except (*self.driver_errors, *self.unavailable_errors) as exc:
             # refused at connect: the script was never sent, so nothing can have been taken
             sent = not isinstance(exc.__context__, ConnectionRefusedError)
             raise self._error(exc, ambiguous=sent, key=keys.name, token=token) from exc
         # the reply shapes are described in locks.backends.redis.scripts
         if isinstance(reply, int):
             if reply > 0:
+                if acks is not None:
+                    self._replicated_or_undone(keys, owner, token, acks)
                 return Grant(token, reply, 1, sent_at)
             pttl, own = -reply - 1, False
         else:
@@ -171,9 +198,50 @@ class _RedisProviderBase(ProviderBase):
             return None  # waiting forever for ourselves would never end
         return pttl
 
-    def _script(self, script: _Script, keys: list[str], args: list[Any]) -> Any:
+    def _call(self, script: Script, keys: list[str], args: list[Any]) -> tuple[Any, Any]:
+        """Run `script`: (its reply, None), or with `sync_replicas` (its reply, what WAIT
+        answered on the same connection)."""
+        if self._sync is None:
+            return script(self.topology.client(), keys, args), None
+        return self._sync.run(self.topology, script, keys, args)
+
+    def _replicated_or_undone(self, keys: _Keys, owner: str, token: str, acks: Any) -> None:
+        """A grant the replicas did not acknowledge is taken back before anyone relies on
+        it: a failover now could hand the lock to a second owner."""
+        assert self._sync is not None
+        if self._sync.enough(acks):
+            return
+        try:
+            script_args = [self._value(owner, token), keys.channel]
+            self._release_script(self.topology.client(), [keys.lock], script_args)
+        except (*self.driver_errors, *self.unavailable_errors) as exc:
+            raise self._error(exc, ambiguous=True, key=keys.name, token=token) from exc
+        if isinstance(acks, Exception):  # e.g. WAITAOF on a server that lacks it
+            raise self._error(acks) from acks
+        raise self._error(_NotReplicated(f"grant undone: {self._sync.shortfall(acks)}"))
+
+    def _script(self, script: Script, keys: list[str], args: list[Any]) -> Any:
         with self._translated():
-            return script(keys, args)
+            return script(self.topology.client(), keys, args)
+
+    def _release(self, lease: Lease) -> bool:
+        keys = self._keys(lease.key)
+        args = [self._value(lease.owner, lease.token), keys.channel]
+        return bool(self._script(self._release_script, [keys.lock], args) == 1)
+
+    def _extend(self, lease: Lease, ttl: float) -> bool:
+        """With `sync_replicas`, a renewal the replicas did not acknowledge failed: the
+        expiry a promoted replica would keep is the old one."""
+        args = [self._value(lease.owner, lease.token), _ms(ttl)]
+        with self._translated():
+            reply, acks = self._call(self._extend_script, [self._keys(lease.key).lock], args)
+            if reply != 1:
+                return False
+            if acks is not None and self._sync is not None and not self._sync.enough(acks):
+                if isinstance(acks, Exception):
+                    raise acks
+                raise _NotReplicated(f"renewal not replicated: {self._sync.shortfall(acks)}")
+        return True
 
     def _holder(self, key: str) -> Holder | None:
         """Either type's holder: a lock of the other type excludes this one too."""
@@ -192,20 +260,17 @@ class _RedisProviderBase(ProviderBase):
             owner = owners[0]  # one owner field, beside ~token and ~fence
         return Holder(key, self.name, owner, None, _int(fence), _seconds(pttl))
 
-    def _secret(self) -> str | None:
-        password = self.client.connection_pool.connection_kwargs.get("password")
-        return str(password) if password else None
+    def _secrets(self) -> list[str]:
+        return self.topology.secrets()
 
     def ping(self) -> None:
         with self._translated():
-            self.client.ping()
+            self.topology.client().ping()
 
     def close(self) -> None:
         super().close()
         self._notifier.close()
-        if self._owns_client:
-            self.client.close()
-            self.client.connection_pool.disconnect()
+        self.topology.close()
 
 
 class RedisProvider(_RedisProviderBase):
@@ -227,21 +292,17 @@ class RedisProvider(_RedisProviderBase):
     extend_lua = scripts.PLAIN_EXTEND
 
     def _acquire_args(self, keys: _Keys, owner: str, token: str, ttl_ms: int) -> list[Any]:
-        return [f"{owner}/{token}", ttl_ms, self.fence_ttl_ms]
+        return [self._value(owner, token), ttl_ms, self.fence_ttl_ms]
 
-    def _release(self, lease: Lease) -> bool:
-        keys = self._keys(lease.key)
-        args = [_plain_value(lease), keys.channel]
-        return bool(self._script(self._release_script, [keys.lock], args) == 1)
-
-    def _extend(self, lease: Lease, ttl: float) -> bool:
-        args = [_plain_value(lease), _ms(ttl)]
-        return bool(self._script(self._extend_script, [self._keys(lease.key).lock], args) == 1)
+    def _value(self, owner: str, token: str) -> str:
+        """The owner first, so the acquire script can tell the holder's own second
+        acquire apart from contention."""
+        return f"{owner}/{token}"
 
     def _is_held(self, lease: Lease) -> bool:
         with self._translated(), _other_type_is_not_ours():
-            value = self.client.get(self._keys(lease.key).lock)
-            return _text(value) == _plain_value(lease)
+            value = self.topology.client().get(self._keys(lease.key).lock)
+            return _text(value) == self._value(lease.owner, lease.token)
         return False
 
 
@@ -266,42 +327,14 @@ class RedisHashProvider(_RedisProviderBase):
     def _acquire_args(self, keys: _Keys, owner: str, token: str, ttl_ms: int) -> list[Any]:
         return [token, ttl_ms, self.fence_ttl_ms, owner]
 
-    def _release(self, lease: Lease) -> bool:
-        keys = self._keys(lease.key)
-        args = [lease.token, keys.channel]
-        return bool(self._script(self._release_script, [keys.lock], args) == 1)
-
-    def _extend(self, lease: Lease, ttl: float) -> bool:
-        args = [lease.token, _ms(ttl)]
-        return bool(self._script(self._extend_script, [self._keys(lease.key).lock], args) == 1)
+    def _value(self, owner: str, token: str) -> str:
+        return token
 
     def _is_held(self, lease: Lease) -> bool:
         with self._translated(), _other_type_is_not_ours():
-            return _text(self.client.hget(self._keys(lease.key).lock, "~token")) == lease.token
+            reply = self.topology.client().hget(self._keys(lease.key).lock, "~token")
+            return _text(reply) == lease.token
         return False
-
-
-class _Script:
-    """A Lua script called by SHA, loaded when the server does not know it yet (first
-    use, a restart, SCRIPT FLUSH). Cheaper per call than redis-py's `Script`."""
-
-    __slots__ = ("_client", "_sha", "_source")
-
-    def __init__(self, client: redis.Redis, source: str) -> None:
-        self._client = client
-        self._source = source
-        self._sha = hashlib.sha1(source.encode()).hexdigest()
-
-    def __call__(self, keys: list[str], args: list[Any]) -> Any:
-        try:
-            return self._client.execute_command(  # type: ignore[no-untyped-call]
-                "EVALSHA", self._sha, len(keys), *keys, *args
-            )
-        except errors.NoScriptError:
-            self._client.script_load(self._source)
-            return self._client.execute_command(  # type: ignore[no-untyped-call]
-                "EVALSHA", self._sha, len(keys), *keys, *args
-            )
 
 
 @contextmanager
@@ -331,22 +364,9 @@ def _keys(prefix: str, key: str) -> _Keys:
     return _Keys(key, base, base + ":fence", base + ":released")
 
 
-def _plain_value(lease: Lease) -> str:
-    """What the `redis` backend stores: the owner first, so the acquire script can tell
-    the holder's own second acquire apart from contention."""
-    return f"{lease.owner}/{lease.token}"
-
-
 def _ms(seconds: float) -> int:
     return max(1, round(seconds * 1000))
 
 
 def _text(value: Any) -> str | None:
     return value.decode() if isinstance(value, bytes) else value
-
-
-def _address(client: redis.Redis) -> str:
-    kwargs = client.connection_pool.connection_kwargs
-    if "path" in kwargs:
-        return f"unix:{kwargs['path']}"
-    return f"{kwargs.get('host', 'localhost')}:{kwargs.get('port', 6379)}"

@@ -21,6 +21,13 @@ takes more than a microsecond of server time, so no fence ever runs ahead of the
 clock, and a re-seeded counter starts above every fence handed out before.
 """
 
+from __future__ import annotations
+
+import hashlib
+from typing import Any
+
+from redis.exceptions import NoScriptError
+
 # Computes the next fence into `fence`. KEYS[2] = fence key, ARGV[3] = fence ttl (ms).
 _NEXT_FENCE = """
 local fence = redis.call('INCR', KEYS[2])
@@ -133,3 +140,30 @@ if kind == 'string' then value = redis.call('GET', KEYS[1])
 else value = redis.call('HGETALL', KEYS[1]) end
 return {kind, redis.call('PTTL', KEYS[1]), redis.call('GET', KEYS[2]), value}
 """
+
+
+class Script:
+    """A Lua script called by SHA. A server that does not know it yet (first use, a
+    restart, a failover, SCRIPT FLUSH, a cluster node new to this slot) answers NOSCRIPT;
+    the call is then repeated as EVAL of the source, which caches it on whichever node
+    ran it — one round trip, and no SCRIPT LOAD that a cluster would send to every
+    primary, dead ones included."""
+
+    __slots__ = ("sha", "source")
+
+    def __init__(self, source: str) -> None:
+        self.source = source
+        self.sha = hashlib.sha1(source.encode()).hexdigest()
+
+    def __call__(self, client: Any, keys: list[str], args: list[Any]) -> Any:
+        try:
+            return client.execute_command("EVALSHA", self.sha, len(keys), *keys, *args)
+        except NoScriptError:
+            return client.execute_command("EVAL", self.source, len(keys), *keys, *args)
+
+    def queue(self, pipe: Any, keys: list[str], args: list[Any], *, by_sha: bool) -> None:
+        """Add this script's call to a pipeline (by SHA, or as EVAL after a NOSCRIPT)."""
+        if by_sha:
+            pipe.execute_command("EVALSHA", self.sha, len(keys), *keys, *args)
+        else:
+            pipe.execute_command("EVAL", self.source, len(keys), *keys, *args)

@@ -1,0 +1,458 @@
+"""How a Redis provider reaches its data: one server, a Sentinel-managed primary or a
+Cluster — given as a URL, as keyword arguments (the TOML keys) or as a redis-py client —
+and the one thing a topology changes about a call: which connection runs it.
+
+URL forms (credentials of the data nodes in the user part; sentinel credentials only as
+keywords, so no URL carries two passwords):
+
+    redis://[user:password@]host:port/db          rediss://...   unix:///path?db=0
+    redis+sentinel://[user:password@]host:port,host:port/service[/db]
+    redis+cluster://[user:password@]host:port,host:port
+
+A cluster client connects as it is built, so it is built on first use: a provider is
+made without I/O whatever its topology, and an unreachable cluster is a
+`BackendUnavailable` from the first call, like any other outage.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Hashable, Sequence
+from dataclasses import dataclass
+from typing import Any
+from urllib.parse import unquote, urlsplit
+
+import redis
+from redis.backoff import NoBackoff
+from redis.cluster import ClusterNode, RedisCluster
+from redis.exceptions import AskError, ClusterError, MovedError, NoScriptError
+from redis.retry import Retry
+from redis.sentinel import Sentinel, SentinelConnectionPool
+
+from locks.backends.redis.scripts import Script
+from locks.names import check_seconds
+
+DEFAULT_URL = "redis://127.0.0.1:6379/0"
+SENTINEL_SCHEME = "redis+sentinel"
+CLUSTER_SCHEME = "redis+cluster"
+
+Client = redis.Redis | RedisCluster
+
+
+@dataclass(frozen=True, slots=True)
+class Timeouts:
+    """What bounds each call, whatever the topology."""
+
+    socket: float
+    connect: float
+    max_connections: int
+    pool: float
+
+    def socket_kwargs(self) -> dict[str, Any]:
+        return {
+            "socket_timeout": self.socket,
+            "socket_connect_timeout": self.connect,
+            "retry": Retry(NoBackoff(), 0),  # the chain decides about retries, not redis-py
+        }
+
+
+class Topology:
+    """One way of reaching Redis. `client()` is built once, on first use."""
+
+    kind = "server"
+
+    def __init__(self, address: str, build: Callable[[], Client], *, owned: bool,
+                 db: int = 0) -> None:  # fmt: skip
+        self.address = address  # for messages: never a password
+        self.db = db
+        self._build = build
+        self._client: Client | None = None
+        self._lock = threading.Lock()
+        self.owned = owned  # built here, so closed here
+
+    def client(self) -> Client:
+        client = self._client
+        if client is None:
+            with self._lock:
+                if self._client is None:
+                    self._client = self._build()
+                client = self._client
+        return client
+
+    def node(self, key: str) -> redis.Redis:
+        """A client of the one server that owns `key`: a pipeline on it runs on one
+        connection, which `WAIT` needs (it counts that connection's writes)."""
+        client = self.client()
+        if isinstance(client, RedisCluster):
+            node = client.get_node_from_key(key)  # type: ignore[no-untyped-call]
+            return client.get_redis_connection(node)
+        return client
+
+    def domain(self) -> Hashable:
+        """What makes two providers one lock space (for reentrancy across them)."""
+        return (self.kind, self.address, self.db)
+
+    def secrets(self) -> list[str]:
+        """Passwords that must never appear in a message."""
+        client = self._client if isinstance(self, _Cluster) else self.client()
+        found: list[str] = []
+        if isinstance(client, redis.Redis):
+            found.append(client.connection_pool.connection_kwargs.get("password") or "")
+        elif isinstance(client, RedisCluster):
+            for node in client.get_nodes():  # type: ignore[no-untyped-call]
+                if node.redis_connection is not None:
+                    kwargs = node.redis_connection.connection_pool.connection_kwargs
+                    found.append(kwargs.get("password") or "")
+        return [str(secret) for secret in found if secret]
+
+    def close(self) -> None:
+        client = self._client
+        if client is None or not self.owned:
+            return
+        client.close()
+        if isinstance(client, redis.Redis):
+            client.connection_pool.disconnect()
+
+
+class _Sentinel(Topology):
+    kind = "sentinel"
+
+    def __init__(self, address: str, build: Callable[[], Client], *, owned: bool, db: int,
+                 passwords: list[str]) -> None:  # fmt: skip
+        super().__init__(address, build, owned=owned, db=db)
+        self._passwords = passwords
+
+    def secrets(self) -> list[str]:
+        return super().secrets() + self._passwords
+
+    def close(self) -> None:
+        super().close()
+        client = self._client
+        if self.owned and isinstance(client, redis.Redis):
+            pool = client.connection_pool
+            if isinstance(pool, SentinelConnectionPool):
+                for sentinel in pool.sentinel_manager.sentinels:
+                    sentinel.close()
+
+
+class _Cluster(Topology):
+    kind = "cluster"
+
+
+def topology(
+    url: str,
+    *,
+    client: Client | None,
+    sentinels: Sequence[str] | None,
+    service: str | None,
+    cluster_nodes: Sequence[str] | None,
+    db: int | None,
+    username: str | None,
+    password: str | None,
+    sentinel_username: str | None,
+    sentinel_password: str | None,
+    timeouts: Timeouts,
+) -> Topology:
+    """The topology the arguments describe; every argument is checked here, before I/O."""
+    if client is not None:
+        return _given(client)
+    if not isinstance(url, str):
+        raise TypeError(f"url must be a str, not {type(url).__name__}")
+    scheme = url.split("://", 1)[0].lower() if "://" in url else ""
+    explicit_url = url != DEFAULT_URL
+    if sentinels is not None or cluster_nodes is not None:
+        if sentinels is not None and cluster_nodes is not None:
+            raise ValueError("give either sentinels or cluster_nodes, not both")
+        if explicit_url:
+            raise ValueError("give either url or sentinels/cluster_nodes, not both")
+    if db is not None and (isinstance(db, bool) or not isinstance(db, int) or db < 0):
+        raise ValueError(f"db must be a whole number >= 0, got {db!r}")
+    credentials = {"username": _optional_str(username, "username"),
+                   "password": _optional_str(password, "password")}  # fmt: skip
+    if scheme == SENTINEL_SCHEME:
+        parsed = _parse_multi_host(url)
+        parts = [unquote(part) for part in parsed.path.strip("/").split("/") if part]
+        if not parts or len(parts) > 2:
+            raise ValueError(
+                f"url must name the service: {SENTINEL_SCHEME}://host:port/service[/db]"
+            )
+        url_db = _db_text(parts[1]) if len(parts) == 2 else None
+        sentinels, service = parsed.hosts, parts[0]
+        db = db if db is not None else url_db
+        credentials = _merge(credentials, parsed.username, parsed.password)
+    elif scheme == CLUSTER_SCHEME:
+        parsed = _parse_multi_host(url)
+        if parsed.path.strip("/") not in ("", "0"):
+            raise ValueError("a Redis Cluster has only database 0: the url must not name another")
+        cluster_nodes = parsed.hosts
+        credentials = _merge(credentials, parsed.username, parsed.password)
+    if sentinels is not None:
+        return _sentinel_topology(
+            _addresses(sentinels, "sentinels"), _service(service), db or 0, credentials,
+            _optional_str(sentinel_username, "sentinel_username"),
+            _optional_str(sentinel_password, "sentinel_password"), timeouts,
+        )  # fmt: skip
+    if service is not None:
+        raise ValueError("service is for a Sentinel topology: give sentinels too")
+    if cluster_nodes is not None:
+        if db:
+            raise ValueError("a Redis Cluster has only database 0: db must be 0")
+        return _cluster_topology(_addresses(cluster_nodes, "cluster_nodes"), credentials, timeouts)
+    return _server_topology(url, db, credentials, timeouts)
+
+
+def _given(client: Client) -> Topology:
+    if isinstance(client, RedisCluster):
+        nodes = ",".join(sorted(node.name for node in client.get_nodes()))  # type: ignore[no-untyped-call]
+        return _Cluster(f"cluster {nodes}", lambda: client, owned=False)
+    if not isinstance(client, redis.Redis):
+        raise TypeError(
+            f"client must be a redis.Redis or RedisCluster, not {type(client).__name__}"
+        )
+    pool = client.connection_pool
+    if isinstance(pool, SentinelConnectionPool):
+        hosts = ",".join(
+            "{host}:{port}".format(**s.connection_pool.connection_kwargs)
+            for s in pool.sentinel_manager.sentinels
+        )
+        return _Sentinel(f"sentinel {hosts}/{pool.service_name}", lambda: client,
+                         owned=False, db=_db_of(pool), passwords=[])  # fmt: skip
+    return Topology(_server_address(pool.connection_kwargs), lambda: client, owned=False,
+                    db=_db_of(pool))  # fmt: skip
+
+
+def _server_topology(url: str, db: int | None, credentials: dict[str, str | None],
+                     timeouts: Timeouts) -> Topology:  # fmt: skip
+    extra: dict[str, Any] = {key: value for key, value in credentials.items() if value}
+    if db is not None:
+        extra["db"] = db
+    try:
+        pool = redis.BlockingConnectionPool.from_url(
+            url, max_connections=timeouts.max_connections, timeout=timeouts.pool,
+            **timeouts.socket_kwargs(), **extra,
+        )  # fmt: skip
+    except ValueError as exc:  # redis-py names the scheme it wants; never echo the url
+        raise ValueError(f"url is not a Redis URL: {exc}") from None
+    client = redis.Redis(connection_pool=pool)
+    return Topology(_server_address(pool.connection_kwargs), lambda: client, owned=True,
+                    db=_db_of(pool))  # fmt: skip
+
+
+def _sentinel_topology(  # noqa: PLR0917 - one call site, every argument checked
+    sentinels: list[tuple[str, int]],
+    service: str,
+    db: int,
+    credentials: dict[str, str | None],
+    sentinel_username: str | None,
+    sentinel_password: str | None,
+    timeouts: Timeouts,
+) -> Topology:
+    sentinel_kwargs: dict[str, Any] = {"socket_timeout": timeouts.socket,
+                                       "socket_connect_timeout": timeouts.connect}  # fmt: skip
+    if sentinel_username:
+        sentinel_kwargs["username"] = sentinel_username
+    if sentinel_password:
+        sentinel_kwargs["password"] = sentinel_password
+    manager = Sentinel(sentinels, sentinel_kwargs=sentinel_kwargs)  # type: ignore[no-untyped-call]
+    data_kwargs = {key: value for key, value in credentials.items() if value}
+    # a plain (non-blocking) pool: redis-py's Sentinel pool has no blocking variant
+    client = manager.master_for(  # type: ignore[no-untyped-call]
+        service, db=db, max_connections=timeouts.max_connections,
+        **timeouts.socket_kwargs(), **data_kwargs,
+    )  # fmt: skip
+    hosts = ",".join(f"{host}:{port}" for host, port in sentinels)
+    passwords = [sentinel_password] if sentinel_password else []
+    return _Sentinel(f"sentinel {hosts}/{service}", lambda: client, owned=True, db=db,
+                     passwords=passwords)  # fmt: skip
+
+
+def _cluster_topology(nodes: list[tuple[str, int]], credentials: dict[str, str | None],
+                      timeouts: Timeouts) -> Topology:  # fmt: skip
+    kwargs = timeouts.socket_kwargs()
+    retry = kwargs.pop("retry")
+
+    credential_kwargs: dict[str, Any] = {k: v for k, v in credentials.items() if v}
+
+    def build() -> Client:
+        return RedisCluster(
+            startup_nodes=[ClusterNode(host, port) for host, port in nodes],  # type: ignore[no-untyped-call]
+            retry=retry,
+            # slots of a shard in failover are unserved; the others go on serving
+            require_full_coverage=False,
+            max_connections=timeouts.max_connections,
+            **kwargs,
+            **credential_kwargs,
+        )
+
+    hosts = ",".join(f"{host}:{port}" for host, port in nodes)
+    return _Cluster(f"cluster {hosts}", build, owned=True)
+
+
+@dataclass(frozen=True, slots=True)
+class _MultiHost:
+    hosts: list[str]
+    username: str | None
+    password: str | None
+    path: str
+
+
+def _parse_multi_host(url: str) -> _MultiHost:
+    """`scheme://[user:password@]h1:p1,h2:p2/path`: urllib cannot read a host list."""
+    parsed = urlsplit(url)
+    netloc = parsed.netloc
+    userinfo, _, hostlist = netloc.rpartition("@")
+    username = password = None
+    if userinfo:
+        user, has_password, secret = userinfo.partition(":")
+        username = unquote(user) or None
+        password = unquote(secret) if has_password else None
+    hosts = [host for host in hostlist.split(",") if host]
+    if not hosts:
+        raise ValueError(f"url must name at least one host:port after {parsed.scheme}://")
+    return _MultiHost(hosts, username, password, parsed.path)
+
+
+def _addresses(hosts: Sequence[str], argument: str) -> list[tuple[str, int]]:
+    if isinstance(hosts, str) or not isinstance(hosts, Sequence) or not hosts:
+        raise ValueError(f"{argument} must be a non-empty list of 'host:port' strings")
+    found = []
+    for index, entry in enumerate(hosts):
+        where = f"{argument}[{index}]"
+        if not isinstance(entry, str):
+            raise ValueError(f"{where} must be a 'host:port' string, not {type(entry).__name__}")
+        host, _, port = entry.rpartition(":")
+        host = host.strip("[]")  # [::1]:26379
+        if not host or not port.isdigit() or not 1 <= int(port) <= 65535:
+            raise ValueError(
+                f"{where} must be 'host:port' with a port from 1 to 65535, got {entry!r}"
+            )
+        found.append((host, int(port)))
+    return found
+
+
+def _service(service: str | None) -> str:
+    if not isinstance(service, str) or not service or any(c in service for c in "/ \t\r\n"):
+        raise ValueError(
+            f"service must name the Sentinel service (e.g. 'mymaster'), got {service!r}"
+        )
+    return service
+
+
+def _db_text(text: str) -> int:
+    if not text.isdigit():
+        raise ValueError(f"the url's database must be a whole number, got {text!r}")
+    return int(text)
+
+
+def _optional_str(value: str | None, argument: str) -> str | None:
+    if value is not None and not isinstance(value, str):
+        raise TypeError(f"{argument} must be a str, not {type(value).__name__}")
+    return value or None
+
+
+def _merge(credentials: dict[str, str | None], username: str | None,
+           password: str | None) -> dict[str, str | None]:  # fmt: skip
+    """Keywords win over the url's user part."""
+    return {"username": credentials["username"] or username,
+            "password": credentials["password"] or password}  # fmt: skip
+
+
+def _db_of(pool: redis.ConnectionPool) -> int:
+    return int(pool.connection_kwargs.get("db", 0) or 0)
+
+
+def _server_address(kwargs: dict[str, Any]) -> str:
+    if "path" in kwargs:
+        return f"unix:{kwargs['path']}"
+    return f"{kwargs.get('host', 'localhost')}:{kwargs.get('port', 6379)}"
+
+
+class ReplicaSync:
+    """`sync_replicas`: after a grant or a renewal, `WAIT n timeout` (or `WAITAOF 1 n
+    timeout`) on the connection that wrote it, pipelined with the script: one round trip
+    plus the replicas' acknowledgement. `WAIT` counts only that connection's writes, so
+    the script and the wait must share it — on a cluster, the key's own node."""
+
+    __slots__ = ("aof", "command", "replicas")
+
+    def __init__(self, replicas: int, timeout: float, aof: bool) -> None:
+        self.replicas = replicas
+        self.aof = aof
+        ms = max(1, round(timeout * 1000))
+        self.command: tuple[Any, ...] = (
+            ("WAITAOF", 1, replicas, ms) if aof else ("WAIT", replicas, ms)
+        )
+
+    def enough(self, acks: Any) -> bool:
+        if isinstance(acks, Exception):
+            return False
+        if self.aof:
+            return int(acks[0]) >= 1 and int(acks[1]) >= self.replicas
+        return int(acks) >= self.replicas
+
+    def shortfall(self, acks: Any) -> str:
+        got = acks[1] if self.aof and isinstance(acks, list) else acks
+        what = "the primary's and replicas' AOF fsync" if self.aof else "replicas"
+        return f"{got} of {self.replicas} {what} acknowledged in time ({self.command[0]})"
+
+    def run(self, topology: Topology, script: Script, keys: list[str],
+            args: list[Any]) -> tuple[Any, Any]:  # fmt: skip
+        """(script reply, WAIT reply) from the server that owns keys[0], following a
+        cluster's MOVED and ASK redirections as redis-py's cluster client does."""
+        node = topology.node(keys[0])
+        by_sha, asking = True, False
+        for _ in range(5):
+            pipe = node.pipeline(transaction=False)
+            if asking:
+                pipe.execute_command("ASKING")  # type: ignore[no-untyped-call]
+            script.queue(pipe, keys, args, by_sha=by_sha)
+            pipe.execute_command(*self.command)  # type: ignore[no-untyped-call]
+            *_, reply, acks = pipe.execute(raise_on_error=False)
+            if isinstance(reply, NoScriptError):
+                by_sha = False
+                continue
+            if isinstance(reply, AskError):  # MovedError is an AskError too
+                node, asking = _redirected(topology, keys[0], reply)
+                continue
+            if isinstance(reply, Exception):
+                raise reply
+            return reply, acks
+        raise ClusterError(f"the slot of {keys[0]!r} kept moving")
+
+
+def _redirected(topology: Topology, key: str, error: AskError) -> tuple[redis.Redis, bool]:
+    """Where a MOVED (slot table refreshed) or ASK (one command, with ASKING) points."""
+    cluster = topology.client()
+    if not isinstance(cluster, RedisCluster):
+        raise error
+    if isinstance(error, MovedError):
+        cluster.nodes_manager.initialize()
+        return topology.node(key), False
+    target = cluster.get_node(host=error.host, port=error.port)  # type: ignore[no-untyped-call]
+    if target is None:
+        cluster.nodes_manager.initialize()
+        target = cluster.get_node(host=error.host, port=error.port)  # type: ignore[no-untyped-call]
+        if target is None:
+            raise error
+    return cluster.get_redis_connection(target), True
+
+
+def replica_sync(
+    replicas: int, timeout: float, aof: bool, socket_timeout: float
+) -> ReplicaSync | None:
+    """The checked `sync_replicas`/`sync_timeout`/`sync_aof` arguments (None: no sync)."""
+    if isinstance(replicas, bool) or not isinstance(replicas, int) or replicas < 0:
+        raise ValueError(f"sync_replicas must be a whole number >= 0, got {replicas!r}")
+    if not isinstance(aof, bool):
+        raise TypeError(f"sync_aof must be a bool, not {type(aof).__name__}")
+    timeout = check_seconds(timeout, "sync_timeout")
+    if replicas == 0:
+        if aof:
+            raise ValueError("sync_aof needs sync_replicas >= 1")
+        return None
+    if timeout >= socket_timeout:
+        raise ValueError(
+            f"sync_timeout ({timeout} s) must be shorter than socket_timeout ({socket_timeout} s):"
+            " the reply to WAIT arrives only when it ends"
+        )
+    return ReplicaSync(replicas, timeout, aof)
