@@ -6,7 +6,6 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-import redis
 import sqlalchemy as sa
 
 from locks import FallbackChain, LockProvider
@@ -33,7 +32,11 @@ CLASSES: dict[str, type[ProviderBase]] = {
     "zookeeper": ZooKeeperProvider,
     "mariadb": DatabaseProvider,
     "sqlite": DatabaseProvider,
+    # the topologies: one of each Redis type, so both scripts run on both
+    "redis-sentinel": RedisHashProvider,
+    "redis-cluster": RedisProvider,
 }
+TOPOLOGIES = ("redis-sentinel", "redis-cluster")
 
 # the server fixture each kind needs, if any
 SERVERS: dict[str, tuple[str, ...]] = {
@@ -44,6 +47,8 @@ SERVERS: dict[str, tuple[str, ...]] = {
     "mariadb": ("mariadb_server",),
     "sqlite": ("sqlite_file",),
     "chain": ("redis_server", "mariadb_server"),
+    "redis-sentinel": ("sentinel_topology",),
+    "redis-cluster": ("cluster_topology",),
 }
 
 # an address of each kind where nobody listens, given a free port
@@ -54,6 +59,8 @@ DEAD_ADDRESS = {
     "mariadb": "mysql+pymysql://locks:pw@127.0.0.1:{port}/locks",
     "sqlite": "sqlite:////nonexistent-dir-{port}/locks.db",
     "chain": "redis://127.0.0.1:{port}/0|mysql+pymysql://locks:pw@127.0.0.1:{port}/locks",
+    "redis-sentinel": "redis+sentinel://127.0.0.1:{port}/locks/0",
+    "redis-cluster": "redis+cluster://127.0.0.1:{port}",
 }
 
 
@@ -61,12 +68,14 @@ def capabilities_of(kind: str) -> Capabilities:
     return CHAIN_CAPABILITIES if kind == "chain" else CLASSES[kind].capabilities
 
 
-def kinds(**required: bool) -> list[str]:
-    """The kinds whose declared capabilities match every `name=value` given."""
+def kinds(*, topologies: bool = True, **required: bool) -> list[str]:
+    """The kinds whose declared capabilities match every `name=value` given (without
+    the multi-node topologies if `topologies` is false)."""
     return [
         kind
         for kind in SERVERS
         if all(getattr(capabilities_of(kind), name) == value for name, value in required.items())
+        and (topologies or kind not in TOPOLOGIES)
     ]
 
 
@@ -118,9 +127,9 @@ class Backend:
         """Remove a lock the way an operator or a failover would, without its owner."""
         assert self.address is not None, f"{self.kind} has no server to delete from"
         if self.kind.startswith("redis") or self.kind == "chain":
-            client = redis.Redis.from_url(self.address.split("|")[0])
-            client.delete(f"locks:{{{redis_hash_tag(key)}}}")
-            client.close()
+            provider = RedisProvider(self.address.split("|")[0])
+            provider.client.delete(f"locks:{{{redis_hash_tag(key)}}}")
+            provider.close()
         elif self.kind in ("mariadb", "sqlite"):
             engine = sa.create_engine(self.address)
             with engine.begin() as conn:

@@ -583,7 +583,9 @@ def test_every_backend_keeps_the_model(backend: Backend) -> None:
 # -- what the model found on the current code: kept as plain regression tests ---------------
 
 
-@pytest.mark.parametrize("backend", kinds(reentrant=True, expires=True), indirect=True)
+@pytest.mark.parametrize(
+    "backend", kinds(reentrant=True, expires=True, topologies=False), indirect=True
+)
 def test_releasing_an_expired_last_level_frees_its_holds_grant(backend: Backend, key: str) -> None:
     """Found by building the model: the outer level was released first, the inner one ran
     out, and the server still held the key for the outer level's 30 s, for nobody. The

@@ -135,6 +135,12 @@ class _Sentinel(Topology):
                     sentinel.close()
 
 
+class _BlockingSentinelPool(SentinelConnectionPool, redis.BlockingConnectionPool):
+    """Sentinel's pool, but a thread past `max_connections` waits up to `pool_timeout`
+    for a free connection instead of failing at once, as on one server (redis-py has
+    no blocking Sentinel pool)."""
+
+
 class _Cluster(Topology):
     kind = "cluster"
 
@@ -255,9 +261,9 @@ def _sentinel_topology(  # noqa: PLR0917 - one call site, every argument checked
         sentinel_kwargs["password"] = sentinel_password
     manager = Sentinel(sentinels, sentinel_kwargs=sentinel_kwargs)  # type: ignore[no-untyped-call]
     data_kwargs = {key: value for key, value in credentials.items() if value}
-    # a plain (non-blocking) pool: redis-py's Sentinel pool has no blocking variant
     client = manager.master_for(  # type: ignore[no-untyped-call]
-        service, db=db, max_connections=timeouts.max_connections,
+        service, db=db, connection_pool_class=_BlockingSentinelPool,
+        max_connections=timeouts.max_connections, timeout=timeouts.pool,
         **timeouts.socket_kwargs(), **data_kwargs,
     )  # fmt: skip
     hosts = ",".join(f"{host}:{port}" for host, port in sentinels)
