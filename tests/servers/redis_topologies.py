@@ -48,7 +48,8 @@ class RedisNode(RedisServer):
         self.extra = list(extra or [])
 
     def command(self) -> list[str]:
-        return [*super().command(), *self.extra]
+        # a replica's full sync starts at once, not after the default 5 s wait for others
+        return [*super().command(), "--repl-diskless-sync-delay", "0", *self.extra]
 
     def admin(self) -> redis.Redis:
         return redis.Redis(host="127.0.0.1", port=self.port, socket_timeout=2)
@@ -121,18 +122,25 @@ class SentinelTopology:
         self.wait_healthy()
 
     def primary_port(self) -> int:
-        """The primary the sentinels name now."""
-        for sentinel in self.sentinels:
-            if sentinel.process is None:
-                continue
-            try:
-                with sentinel.client() as client:
-                    found = client.sentinel_get_master_addr_by_name(self.service)
-            except redis.RedisError:
-                continue
-            if found:
-                return int(found[1])
-        raise RuntimeError("no sentinel names a primary")
+        """The primary every live sentinel names now (they may disagree for a moment
+        after a failover: then this waits for them to agree)."""
+        deadline = time.monotonic() + 20
+        while True:
+            named = set()
+            for sentinel in self.sentinels:
+                if sentinel.process is None:
+                    continue
+                try:
+                    with sentinel.client() as client:
+                        found = client.sentinel_get_master_addr_by_name(self.service)
+                except redis.RedisError:
+                    continue
+                named.add(int(found[1]) if found else 0)
+            if len(named) == 1 and 0 not in named:
+                return named.pop()
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"the sentinels do not agree on a primary: {named}")
+            time.sleep(0.05)
 
     def primary(self) -> RedisNode:
         port = self.primary_port()
@@ -160,8 +168,7 @@ class SentinelTopology:
                     return False
                 replicas = client.sentinel_slaves(self.service)
                 if not any(
-                    int(r["port"]) == replica.port and "s_down" not in r["flags"]
-                    for r in replicas
+                    int(r["port"]) == replica.port and "s_down" not in r["flags"] for r in replicas
                 ):
                     return False
                 masters = client.sentinel_master(self.service)
@@ -186,27 +193,27 @@ class SentinelTopology:
         return self.primary_port()
 
     def ensure_healthy(self) -> None:
-        """After a test: every process up, the dead primary back as a replica."""
+        """After a test: every process up, a killed primary back as a replica of the
+        one the sentinels promoted (never the other way round: it restarts empty)."""
         for sentinel in self.sentinels:
             sentinel.ensure_running()
-        try:
-            primary_port = self.primary_port()
-        except RuntimeError:
-            primary_port = self.nodes[0].port
         for node in self.nodes:
             if node.paused:
                 node.resume()
-            if node.port != primary_port:
-                node.extra = ["--replicaof", "127.0.0.1", str(primary_port)]
-            else:
-                node.extra = []
+
+        def named_primary_runs() -> bool:
+            port = self.primary_port()
+            return any(n.port == port and n.process is not None for n in self.nodes)
+
+        _wait_for(named_primary_runs, "the sentinels to name a running primary", 20)
+        primary_port = self.primary_port()
+        for node in self.nodes:
             if node.process is None or node.process.poll() is not None:
                 node.process = None
+                node.extra = ["--replicaof", "127.0.0.1", str(primary_port)]
                 node.start()
             with node.admin() as client:
                 client.config_set("masterauth", "")
-                if node.port != primary_port:
-                    client.replicaof("127.0.0.1", primary_port)
         self.wait_healthy()
 
     def stop(self) -> None:
@@ -223,16 +230,22 @@ class ClusterTopology:
                 workdir / f"node{i}",
                 f"cluster-node{i}",
                 [
-                    "--cluster-enabled", "yes",
+                    "--cluster-enabled",
+                    "yes",
                     # its own bus port: port + 10000 may be taken, or past 65535
-                    "--cluster-port", str(free_port()),
-                    "--cluster-config-file", "nodes.conf",
-                    "--cluster-node-timeout", str(NODE_TIMEOUT_MS),
+                    "--cluster-port",
+                    str(free_port()),
+                    "--cluster-config-file",
+                    "nodes.conf",
+                    "--cluster-node-timeout",
+                    str(NODE_TIMEOUT_MS),
                     # a replica that lost its primary long ago may still be promoted
-                    "--cluster-replica-validity-factor", "0",
-                    "--cluster-require-full-coverage", "no",
+                    "--cluster-replica-validity-factor",
+                    "0",
+                    "--cluster-require-full-coverage",
+                    "no",
                 ],
-            )  # fmt: skip
+            )
             for i in range(6)
         ]
         self.cli = require_binary("redis-cli", "/usr/bin/redis-cli")

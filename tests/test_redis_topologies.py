@@ -1,0 +1,412 @@
+"""Redis behind Sentinel and as a Cluster, proven by killing and moving things: a
+failover keeps leases, renewals, releases and waiting working; `sync_replicas` turns the
+seeds' lost-lock hazard (a promoted replica that never got the lock) from a double grant
+into a refused acquire; a cluster slot moving under a lock is followed.
+
+The contract suite runs on both topologies too (tests/backends.py); this file holds what
+only a topology can show.
+"""
+
+from __future__ import annotations
+
+import re
+import threading
+import time
+from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
+from typing import TypeVar
+
+import pytest
+import redis
+
+from locks import BackendError, BackendUnavailable, Lease
+from locks.backends import RedisHashProvider, RedisProvider
+from locks.backends.redis.provider import _RedisProviderBase
+from locks.names import redis_hash_tag
+from tests.servers import RedisServer
+from tests.servers.redis_topologies import ClusterTopology, RedisNode, SentinelTopology
+
+T = TypeVar("T")
+
+
+@pytest.fixture
+def made() -> Iterator[list[_RedisProviderBase]]:
+    providers: list[_RedisProviderBase] = []
+    yield providers
+    for provider in providers:
+        provider.close()
+
+
+def lock_key(key: str) -> str:
+    return f"locks:{{{redis_hash_tag(key)}}}"
+
+
+def elsewhere(call: Callable[[], T]) -> T:
+    """`call` on another thread: another owner than the test's thread."""
+    with ThreadPoolExecutor(max_workers=1) as pool:
+        return pool.submit(call).result(timeout=60)
+
+
+def acquire_until_served(
+    provider: _RedisProviderBase, key: str, *, ttl: float | None, timeout: float = 20.0
+) -> Lease | None:
+    """Another owner tries `key` (one try each) until a server answers. Only
+    BackendUnavailable may come while no primary answers."""
+    deadline = time.monotonic() + timeout
+
+    def attempt() -> Lease | None:
+        while True:
+            try:
+                return provider.acquire(key, ttl=ttl, wait=0)
+            except BackendUnavailable:
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(0.05)
+
+    return elsewhere(attempt)
+
+
+# -- checked before any I/O ---------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "named"),
+    [
+        ({"sentinels": ["127.0.0.1"], "service": "locks"}, "sentinels[0]"),
+        ({"sentinels": ["127.0.0.1:0"], "service": "locks"}, "sentinels[0]"),
+        ({"sentinels": "127.0.0.1:26379", "service": "locks"}, "sentinels"),
+        ({"sentinels": ["127.0.0.1:26379"]}, "service"),
+        ({"service": "locks"}, "sentinels"),
+        ({"cluster_nodes": []}, "cluster_nodes"),
+        ({"cluster_nodes": ["a:1"], "sentinels": ["b:2"], "service": "s"}, "sentinels"),
+        ({"cluster_nodes": ["a:1"], "db": 3}, "db"),
+        ({"url": "redis+cluster://a:1/2"}, "database 0"),
+        ({"url": "redis+sentinel://a:1"}, "service"),
+        ({"url": "redis+sentinel://a:1/locks/x"}, "database"),
+        ({"url": "redis://h:1/0", "cluster_nodes": ["a:1"]}, "url"),
+        ({"sync_replicas": -1}, "sync_replicas"),
+        ({"sync_replicas": True}, "sync_replicas"),
+        ({"sync_replicas": 1, "sync_timeout": 0.5}, "socket_timeout"),
+        ({"sync_replicas": 1, "sync_timeout": 0}, "sync_timeout"),
+        ({"sync_aof": True}, "sync_replicas"),
+    ],
+)
+def test_bad_topology_arguments_are_refused_before_any_io(
+    kwargs: dict[str, object], named: str
+) -> None:
+    with pytest.raises(ValueError, match=re.escape(named)):
+        RedisProvider(**kwargs)  # type: ignore[arg-type]
+
+
+def test_an_unreachable_cluster_is_an_outage_of_the_first_call_not_of_the_constructor() -> None:
+    from tests.ports import free_port  # noqa: PLC0415
+
+    port = free_port()
+    provider = RedisProvider(f"redis+cluster://user:s3cret@127.0.0.1:{port}")
+    try:
+        with pytest.raises(BackendUnavailable, match=f"cluster 127.0.0.1:{port}") as caught:
+            provider.acquire("k", ttl=5, wait=0)
+        assert "s3cret" not in str(caught.value)
+    finally:
+        provider.close()
+
+
+# -- sync_replicas on a server without enough replicas ------------------------------------
+
+
+def test_a_grant_no_replica_acknowledged_is_undone_and_unavailable(
+    redis_server: RedisServer, key: str, made: list[_RedisProviderBase]
+) -> None:
+    """A lone server has no replica: every grant is taken back, never left behind."""
+    for cls in (RedisProvider, RedisHashProvider):
+        provider = cls(redis_server.url, sync_replicas=1, sync_timeout=0.05)
+        made.append(provider)
+        with pytest.raises(BackendUnavailable, match="0 of 1 replicas") as caught:
+            provider.acquire(key, ttl=5, wait=0)
+        assert not caught.value.ambiguous  # undone: nothing to clean up later
+        with redis.Redis.from_url(redis_server.url) as admin:
+            assert admin.exists(lock_key(key)) == 0
+
+
+def test_waitaof_on_a_server_that_lacks_it_is_loud_and_leaves_nothing(
+    redis_server: RedisServer, key: str, made: list[_RedisProviderBase]
+) -> None:
+    provider = RedisHashProvider(redis_server.url, sync_replicas=1, sync_timeout=0.05,
+                                 sync_aof=True)  # fmt: skip
+    made.append(provider)
+    with redis.Redis.from_url(redis_server.url) as admin:
+        if (
+            int(admin.info("server")["redis_version"].split(".")[0]) * 100
+            + int(admin.info("server")["redis_version"].split(".")[1])
+            >= 702
+        ):
+            pytest.skip("this Redis has WAITAOF")  # pragma: no cover
+        with pytest.raises(BackendError) as caught:
+            provider.acquire(key, ttl=5, wait=0)
+        assert not isinstance(caught.value, BackendUnavailable)
+        assert "WAITAOF" in str(caught.value) or "unknown command" in str(caught.value)
+        assert admin.exists(lock_key(key)) == 0
+
+
+# -- Sentinel -----------------------------------------------------------------------------
+
+
+def test_sentinel_failover_keeps_a_synced_lease_its_renewals_release_and_fence(
+    sentinel_topology: SentinelTopology, key: str, made: list[_RedisProviderBase]
+) -> None:
+    """Kill the primary under a watchdog lease taken with sync_replicas=1: once the
+    replica is promoted the lease is renewed there, is still held, excludes others,
+    is released there, and the next grant's fence is above it."""
+    holder = RedisHashProvider(sentinel_topology.url, watchdog_ttl=6.0, sync_replicas=1,
+                               sync_timeout=0.2)  # fmt: skip
+    other = RedisHashProvider(sentinel_topology.url, sync_replicas=1, sync_timeout=0.2)
+    made += [holder, other]
+    lost: list[Lease] = []
+    lease = holder.acquire(key, on_lost=lost.append)
+    assert lease is not None
+    old = sentinel_topology.primary()
+    old.kill()
+    killed_at = time.monotonic()
+    sentinel_topology.wait_failover(old.port)
+    # the old primary comes back as a replica, so synced renewals can succeed again
+    sentinel_topology.ensure_healthy()
+    print(f"failover took {time.monotonic() - killed_at:.2f} s")
+    refused = acquire_until_served(other, key, ttl=5)
+    assert refused is None  # the promoted replica has the lock
+    time.sleep(2.5)  # past a renewal (every watchdog_ttl/3 = 2 s) on the new primary
+    assert holder.is_held(lease)
+    lease.check()
+    assert not lost
+    holder.release(lease)
+    taken = elsewhere(lambda: other.acquire(key, ttl=5, wait=0))
+    assert taken is not None
+    assert taken.fence > lease.fence
+
+
+def test_sentinel_failover_wakes_a_waiter_on_the_new_primary(
+    sentinel_topology: SentinelTopology, key: str, made: list[_RedisProviderBase]
+) -> None:
+    """A waiter parked across a failover is woken by a release on the new primary well
+    before the 30 s ttl that bounds a lost wake-up."""
+    holder = RedisProvider(sentinel_topology.url, sync_replicas=1, sync_timeout=0.2)
+    waiter_provider = RedisProvider(sentinel_topology.url)
+    made += [holder, waiter_provider]
+    lease = holder.acquire(key, ttl=30, wait=0)
+    assert lease is not None
+    got: list[Lease | BaseException | None] = []
+
+    def wait_for_it() -> None:
+        deadline = time.monotonic() + 25
+        while time.monotonic() < deadline:
+            try:
+                got.append(waiter_provider.acquire(key, ttl=5, wait=deadline - time.monotonic()))
+                return
+            except BackendUnavailable:  # while no primary answers
+                time.sleep(0.05)
+        got.append(None)
+
+    thread = threading.Thread(target=wait_for_it)
+    thread.start()
+    time.sleep(0.3)
+    old = sentinel_topology.primary()
+    old.kill()
+    sentinel_topology.wait_failover(old.port)
+    sentinel_topology.ensure_healthy()
+    time.sleep(1.0)  # the waiter has resubscribed on the new primary by now
+    released_at = time.monotonic()
+    holder.release(lease)
+    thread.join(timeout=30)
+    handed_over = time.monotonic() - released_at
+    assert got and isinstance(got[0], Lease), got
+    assert handed_over < 3.0, f"the waiter was not woken: {handed_over:.2f} s"
+    waiter_provider.release(got[0])
+
+
+def test_a_demoted_primary_is_an_outage_never_a_raw_readonly(
+    sentinel_topology: SentinelTopology, key: str, made: list[_RedisProviderBase]
+) -> None:
+    """Straight to a replica, and through Sentinel while it demotes the primary (a
+    graceful `SENTINEL FAILOVER`): grants or BackendUnavailable, nothing else."""
+    replica = sentinel_topology.replica()
+    direct = RedisProvider(replica.url)
+    through = RedisHashProvider(sentinel_topology.url)
+    made += [direct, through]
+    with pytest.raises(BackendUnavailable, match="ReadOnlyError"):
+        direct.acquire(key, ttl=5, wait=0)
+    old_port = sentinel_topology.primary_port()
+    with sentinel_topology.sentinels[0].client() as client:
+        client.execute_command("SENTINEL", "FAILOVER", sentinel_topology.service)
+    outcomes: list[str] = []
+    deadline = time.monotonic() + 15
+    while time.monotonic() < deadline:
+        try:
+            lease = through.acquire(f"{key}:{len(outcomes)}", ttl=5, wait=0)
+            assert lease is not None
+            through.release(lease)
+            outcomes.append("granted")
+        except BackendUnavailable:
+            outcomes.append("unavailable")
+        if sentinel_topology.primary_port() != old_port and outcomes[-1] == "granted":
+            break
+        time.sleep(0.01)
+    assert sentinel_topology.primary_port() != old_port
+    assert outcomes[-1] == "granted"
+
+
+def cut_replication(topology: SentinelTopology) -> None:
+    """Stop the replica from receiving anything more from the primary, without pausing
+    it (Sentinel must still see it healthy, to promote it): it reconnects with a
+    password the primary rejects, after its link is killed."""
+    replica, primary = topology.replica(), topology.primary()
+    with replica.admin() as client:
+        client.config_set("masterauth", "not-the-password")
+    with primary.admin() as client:
+        client.client_kill_filter(_type="replica")
+
+    def link_down() -> bool:
+        return replica.info("replication").get("master_link_status") == "down"
+
+    deadline = time.monotonic() + 5
+    while not link_down():
+        assert time.monotonic() < deadline, "the replication link stayed up"
+        time.sleep(0.02)
+
+
+@pytest.mark.parametrize("sync_replicas", [0, 1])
+def test_the_seeds_hazard_a_promoted_replica_that_missed_the_lock(
+    sentinel_topology: SentinelTopology,
+    key: str,
+    made: list[_RedisProviderBase],
+    sync_replicas: int,
+) -> None:
+    """Hold a lock whose write never reached the replica, kill the primary, let Sentinel
+    promote the replica. Without sync_replicas a second owner gets the lock the first
+    still holds (the hazard, asserted where it exists); with sync_replicas=1 the first
+    grant is refused and undone instead, so no second owner can overlap it."""
+    first = RedisHashProvider(sentinel_topology.url, sync_replicas=sync_replicas,
+                              sync_timeout=0.2)  # fmt: skip
+    second = RedisHashProvider(sentinel_topology.url)
+    made += [first, second]
+    before = first.acquire(f"{key}:before", ttl=60, wait=0)  # replicated while linked
+    assert before is not None
+    cut_replication(sentinel_topology)
+    if sync_replicas:
+        with pytest.raises(BackendUnavailable, match="0 of 1") as caught:
+            first.acquire(key, ttl=60, wait=0)
+        assert not caught.value.ambiguous
+        held = None
+    else:
+        held = first.acquire(key, ttl=60, wait=0)
+        assert held is not None  # granted by the primary alone
+    old = sentinel_topology.primary()
+    old.kill()
+    sentinel_topology.wait_failover(old.port)
+    taken = acquire_until_served(second, key, ttl=60)
+    if sync_replicas:
+        assert taken is not None  # the only owner: the first was never granted
+    else:
+        assert held is not None and taken is not None  # two owners of one lock at once
+        assert taken.fence > held.fence  # the fence still tells them apart
+    # the lock the replica did receive survives the failover
+    assert elsewhere(lambda: second.acquire(f"{key}:before", ttl=5, wait=0)) is None
+
+
+# -- Cluster ------------------------------------------------------------------------------
+
+
+def test_cluster_failover_keeps_a_lease_and_wakes_a_waiter(
+    cluster_topology: ClusterTopology, key: str, made: list[_RedisProviderBase]
+) -> None:
+    """Kill the primary of the lock's slot: its replica takes over with the lock, the
+    holder's renewals and release reach it, and a waiter subscribed before the failover
+    is woken well before the 30 s that bound a lost wake-up."""
+    holder = RedisHashProvider(cluster_topology.url, watchdog_ttl=6.0)
+    waiter_provider = RedisProvider(cluster_topology.url)
+    made += [holder, waiter_provider]
+    lost: list[Lease] = []
+    lease = holder.acquire(key, on_lost=lost.append)
+    assert lease is not None
+    got: list[Lease | None] = []
+
+    def wait_for_it() -> None:
+        deadline = time.monotonic() + 25
+        while time.monotonic() < deadline:
+            try:
+                got.append(waiter_provider.acquire(key, ttl=5, wait=deadline - time.monotonic()))
+                return
+            except BackendUnavailable:
+                time.sleep(0.05)
+        got.append(None)
+
+    thread = threading.Thread(target=wait_for_it)
+    thread.start()
+    time.sleep(0.3)
+    old = cluster_topology.primary_of(lock_key(key))
+    old.kill()
+    started = time.monotonic()
+    cluster_topology.wait_failover(lock_key(key), old.port)
+    print(f"cluster failover took {time.monotonic() - started:.2f} s")
+    time.sleep(2.5)  # a renewal lands on the new primary; the waiter resubscribes
+    assert holder.is_held(lease)
+    assert not lost
+    released_at = time.monotonic()
+    holder.release(lease)
+    thread.join(timeout=30)
+    assert got and isinstance(got[0], Lease), got
+    assert time.monotonic() - released_at < 3.0
+    assert got[0].fence > lease.fence
+    waiter_provider.release(got[0])
+
+
+def migrate_slot(
+    topology: ClusterTopology, key: str, *, finish: bool
+) -> tuple[RedisNode, RedisNode]:
+    """Move `key`'s slot to another primary: MIGRATING/IMPORTING, MIGRATE its keys, and
+    (`finish`) SETSLOT NODE everywhere. Unfinished, the source answers ASK for keys it
+    no longer has."""
+    source = topology.primary_of(key)
+    target = next(
+        node for node in topology.nodes
+        if node is not source and node.info("replication").get("role") == "master"
+    )  # fmt: skip
+    with source.admin() as src, target.admin() as dst:
+        slot = int(src.execute_command("CLUSTER", "KEYSLOT", key))
+        source_id = src.execute_command("CLUSTER", "MYID").decode()
+        target_id = dst.execute_command("CLUSTER", "MYID").decode()
+        dst.execute_command("CLUSTER", "SETSLOT", slot, "IMPORTING", source_id)
+        src.execute_command("CLUSTER", "SETSLOT", slot, "MIGRATING", target_id)
+        keys = src.execute_command("CLUSTER", "GETKEYSINSLOT", slot, 100)
+        if keys:
+            src.execute_command("MIGRATE", "127.0.0.1", target.port, "", 0, 5000, "KEYS", *keys)
+        if finish:
+            for node in topology.nodes:
+                if node.info("replication").get("role") != "master":
+                    continue
+                with node.admin() as client:
+                    client.execute_command("CLUSTER", "SETSLOT", slot, "NODE", target_id)
+    return source, target
+
+
+@pytest.mark.parametrize("sync_replicas", [0, 1])
+def test_cluster_slot_migration_is_followed_through_ask_and_moved(
+    cluster_topology: ClusterTopology,
+    key: str,
+    made: list[_RedisProviderBase],
+    sync_replicas: int,
+) -> None:
+    holder = RedisProvider(cluster_topology.url, sync_replicas=sync_replicas, sync_timeout=0.2)
+    other = RedisProvider(cluster_topology.url, sync_replicas=sync_replicas, sync_timeout=0.2)
+    made += [holder, other]
+    lease = holder.acquire(key, ttl=30, wait=0)
+    assert lease is not None
+    migrate_slot(cluster_topology, lock_key(key), finish=False)
+    # the source answers ASK: followed to the target, which has the lock
+    assert elsewhere(lambda: other.acquire(key, ttl=5, wait=0)) is None
+    assert holder.is_held(lease)
+    holder.extend(lease, 30)
+    migrate_slot(cluster_topology, lock_key(key), finish=True)
+    # now MOVED: followed, and the slot table refreshed
+    assert elsewhere(lambda: other.acquire(key, ttl=5, wait=0)) is None
+    holder.release(lease)
+    taken = elsewhere(lambda: other.acquire(key, ttl=5, wait=0))
+    assert taken is not None and taken.fence > lease.fence
