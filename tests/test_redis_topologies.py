@@ -410,3 +410,34 @@ def test_cluster_slot_migration_is_followed_through_ask_and_moved(
     holder.release(lease)
     taken = elsewhere(lambda: other.acquire(key, ttl=5, wait=0))
     assert taken is not None and taken.fence > lease.fence
+
+
+def test_clients_passed_in_serve_each_topology_and_stay_open(
+    sentinel_topology: SentinelTopology,
+    cluster_topology: ClusterTopology,
+    key: str,
+    made: list[_RedisProviderBase],
+) -> None:
+    """A redis-py Sentinel primary client and a RedisCluster given as `client=` work as
+    the URL forms do, are named by their topology, and are left open by close()."""
+    from redis.cluster import ClusterNode, RedisCluster  # noqa: PLC0415
+    from redis.sentinel import Sentinel  # noqa: PLC0415
+
+    sentinel_client = Sentinel(
+        [("127.0.0.1", int(a.rsplit(":", 1)[1])) for a in sentinel_topology.sentinel_addresses],
+        socket_timeout=1,
+    ).master_for(sentinel_topology.service, socket_timeout=1)
+    cluster_client = RedisCluster(
+        startup_nodes=[ClusterNode("127.0.0.1", cluster_topology.nodes[0].port)]
+    )
+    for client, named in ((sentinel_client, "sentinel "), (cluster_client, "cluster ")):
+        provider = RedisHashProvider(client=client)
+        assert provider.address.startswith(named)
+        lease = provider.acquire(key, ttl=5, wait=0)
+        assert lease is not None
+        assert elsewhere(lambda p=provider: p.acquire(key, ttl=5, wait=0)) is None
+        provider.release(lease)
+        provider.close()
+        assert client.get(lock_key(key)) is None  # still usable: not ours to close
+    cluster_client.close()
+    sentinel_client.close()
