@@ -8,6 +8,10 @@ missing=()
 command -v redis-server >/dev/null 2>&1 || [ -x /usr/bin/redis-server ] || missing+=(redis-server)
 [ -f /usr/share/java/zookeeper.jar ] || missing+=(zookeeper)
 command -v mariadbd >/dev/null 2>&1 || [ -x /usr/sbin/mariadbd ] || missing+=(mariadb-server)
+# the topologies of scripts/servers also use redis-cli and mariadb-dump (each a dependency of
+# its server's package, so only missing where the server came from elsewhere)
+command -v redis-cli >/dev/null 2>&1 || missing+=(redis-tools)
+command -v mariadb-dump >/dev/null 2>&1 || missing+=(mariadb-client)
 
 if [ ${#missing[@]} -eq 0 ]; then
   exit 0

@@ -1,14 +1,17 @@
-"""scripts/servers and compose/: the local servers users start, and the config that points
+"""scripts/servers and compose/: the local servers users start, and the configs that point
 at them.
 
-The slow test runs `scripts/servers start` for real on free ports in a temp dir, checks
-each server the way the library uses it (and that the database user may only touch rows),
-then `status` and `stop`. The fast ones keep compose/docker-compose.yml, compose/locks.toml,
-compose/init.sql and the script's default ports from drifting apart.
+The slow tests run `scripts/servers start` for real on free ports in a temp dir: the three
+single servers, checked the way the library uses them (and that the database user may only
+touch rows), and each topology (sentinel, cluster, ensemble, replica), checked the way a
+lock server's client uses it; then `status` and `stop`. The fast ones keep
+compose/docker-compose.yml, compose/locks.toml, compose/init.sql, the topology compose
+files, compose/topologies.toml and the script's default ports from drifting apart.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import signal
@@ -16,6 +19,7 @@ import socket
 import subprocess
 import sys
 import tempfile
+import time
 import tomllib
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -26,6 +30,7 @@ from urllib.parse import urlsplit
 import pymysql  # type: ignore[import-untyped]
 import pytest
 import redis
+import redis.cluster
 import sqlalchemy as sa
 import yaml  # type: ignore[import-untyped]
 from kazoo.client import KazooClient
@@ -51,6 +56,43 @@ SERVERS = {
     "mariadb": ("mysql", "db", "LOCKS_MYSQL_PORT"),
 }
 CONTAINER_PORTS = {"redis": 6379, "zookeeper": 2181, "mysql": 3306}
+
+TOPOLOGIES_TOML = ROOT / "compose" / "topologies.toml"
+REDIS: Any = redis  # its Sentinel and cluster helpers carry no annotations
+# topology -> scripts/servers server -> (port variable, default port)
+TOPOLOGIES: dict[str, dict[str, tuple[str, int]]] = {
+    "sentinel": {
+        "sentinel-primary": ("LOCKS_SENTINEL_PRIMARY_PORT", 6380),
+        "sentinel-replica": ("LOCKS_SENTINEL_REPLICA_PORT", 6381),
+        **{f"sentinel-{n}": (f"LOCKS_SENTINEL_{n}_PORT", 26378 + n) for n in (1, 2, 3)},
+    },
+    "cluster": {f"cluster-{n}": (f"LOCKS_CLUSTER_{n}_PORT", 6999 + n) for n in range(1, 7)},
+    "ensemble": {f"ensemble-{n}": (f"LOCKS_ENSEMBLE_{n}_PORT", 2190 + n) for n in (1, 2, 3)},
+    "replica": {"mariadb-replica": ("LOCKS_MYSQL_REPLICA_PORT", 3307)},
+}
+# the other ports a server binds, each with its variable
+EXTRA_PORTS = {
+    **{f"cluster-{n}": [f"LOCKS_CLUSTER_{n}_BUS_PORT"] for n in range(1, 7)},
+    **{
+        f"ensemble-{n}": [f"LOCKS_ENSEMBLE_{n}_QUORUM_PORT", f"LOCKS_ENSEMBLE_{n}_ELECTION_PORT"]
+        for n in (1, 2, 3)
+    },
+}
+# the backends of compose/topologies.toml, exactly as the library's topology support reads them
+TOPOLOGY_BACKENDS: dict[str, dict[str, Any]] = {
+    "sentinel": {
+        "type": "redis-hash",
+        "sentinels": ["127.0.0.1:26379", "127.0.0.1:26380", "127.0.0.1:26381"],
+        "service": "locks",
+        "sync_replicas": 1,
+    },
+    "cluster": {
+        "type": "redis",
+        "cluster_nodes": ["127.0.0.1:7000", "127.0.0.1:7001", "127.0.0.1:7002"],
+    },
+    "ensemble": {"type": "zookeeper", "hosts": "127.0.0.1:2191,127.0.0.1:2192,127.0.0.1:2193"},
+    "replica": {"type": "database", "url": "mysql+pymysql://locks:locks@127.0.0.1:3307/locks"},
+}
 
 
 # -- what the files say -------------------------------------------------------------------
@@ -81,9 +123,9 @@ def compose_ports() -> dict[str, tuple[str, int, int]]:
     return published
 
 
-def run_script(command: str, env: dict[str, str], timeout: float = 90) -> str:
+def run_script(command: str, env: dict[str, str], *topologies: str, timeout: float = 90) -> str:
     done = subprocess.run(
-        [str(SCRIPT), command],
+        [str(SCRIPT), command, *topologies],
         env=env,
         check=False,
         capture_output=True,
@@ -91,7 +133,8 @@ def run_script(command: str, env: dict[str, str], timeout: float = 90) -> str:
         timeout=timeout,
     )
     assert done.returncode == (3 if command == "status" and "stopped" in done.stdout else 0), (
-        f"scripts/servers {command} exited {done.returncode}:\n{done.stdout}{done.stderr}"
+        f"scripts/servers {command} {' '.join(topologies)} exited {done.returncode}:\n"
+        f"{done.stdout}{done.stderr}"
     )
     return done.stdout
 
@@ -100,7 +143,7 @@ def status_ports(output: str) -> dict[str, tuple[str, int]]:
     """`scripts/servers status` lines -> server name -> (state, port)."""
     found = {}
     for line in output.splitlines():
-        match = re.match(r"(\w+)\s+(running|stopped)\s+127\.0\.0\.1:(\d+)", line)
+        match = re.match(r"([\w-]+)\s+(running|stopped)\s+127\.0\.0\.1:(\d+)", line)
         assert match, f"unexpected status line {line!r}"
         found[match[1]] = (match[2], int(match[3]))
     return found
@@ -158,6 +201,168 @@ def test_compose_toml_passes_locks_check() -> None:
         assert list(registry.chain("demo").tiers) == ["redis", "zk", "db"]
     finally:
         registry.close()
+
+
+def topology_services(topology: str) -> dict[str, Any]:
+    """The services of compose/<topology>.yml."""
+    services: dict[str, Any] = yaml.safe_load((ROOT / "compose" / f"{topology}.yml").read_text())[
+        "services"
+    ]
+    return services
+
+
+def published(spec: dict[str, Any]) -> list[tuple[str, int, int]]:
+    """A service's published ports: (host address, host port, container port)."""
+    found = []
+    for mapping in spec.get("ports", []):
+        address, host_port, container_port = str(mapping).split(":")
+        found.append((address, int(host_port), int(container_port)))
+    return found
+
+
+def command_text(spec: dict[str, Any]) -> str:
+    command = spec["command"]
+    return command if isinstance(command, str) else " ".join(map(str, command))
+
+
+def test_script_topologies_and_compose_files_name_the_same_ports(tmp_path: Path) -> None:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("LOCKS_")}
+    env["LOCKS_SERVERS_DIR"] = str(tmp_path / "never-started")
+    defaults = status_ports(run_script("status", env, *TOPOLOGIES))  # the script's defaults
+    assert defaults == {
+        name: ("stopped", port)
+        for servers in TOPOLOGIES.values()
+        for name, (_, port) in servers.items()
+    }
+    everything = status_ports(run_script("status", env, "all"))
+    assert list(everything) == [*SERVERS, *defaults]
+    assert status_ports(run_script("status", env, "single")) == status_ports(
+        run_script("status", env)
+    )
+    assert not (tmp_path / "never-started").exists()  # status writes nothing
+
+    project = yaml.safe_load(COMPOSE.read_text())["name"]
+    for topology in ("sentinel", "cluster", "ensemble"):  # a project each: `down` is theirs
+        assert yaml.safe_load((ROOT / "compose" / f"{topology}.yml").read_text())["name"] == (
+            f"{project}-{topology}"
+        )
+    for topology, servers in TOPOLOGIES.items():
+        services = topology_services(topology)
+        assert all("healthcheck" in spec for name, spec in services.items() if name != "mysql")
+        ports = [port for spec in services.values() for port in published(spec)]
+        assert {address for address, _, _ in ports} == {"127.0.0.1"}, topology
+        assert sorted(host for _, host, _ in ports) == sorted(p for _, p in servers.values())
+
+    # Redis hands out addresses: one network namespace, the same port inside as outside
+    for topology in ("sentinel", "cluster"):
+        services = topology_services(topology)
+        holder = services.pop(topology)
+        assert all(host == inside for _, host, inside in published(holder))
+        assert set(services) == set(TOPOLOGIES[topology])
+        for name, spec in services.items():
+            assert spec["network_mode"] == f"service:{topology}", name
+            port = TOPOLOGIES[topology][name][1]
+            text = command_text(spec)
+            assert f"--port {port} " in text or f"port {port}\n" in text, name
+            assert str(port) in str(spec["healthcheck"]["test"]), name
+    sentinel = topology_services("sentinel")
+    assert "--replicaof 127.0.0.1 6380" in command_text(sentinel["sentinel-replica"])
+    for n in (1, 2, 3):
+        assert "sentinel monitor locks 127.0.0.1 6380 2\n" in command_text(
+            sentinel[f"sentinel-{n}"]
+        )
+    cluster = topology_services("cluster")
+    create = command_text(cluster["cluster"])
+    assert "--cluster-replicas 1 --cluster-yes" in create
+    assert all(f"127.0.0.1:{port}" in create for _, port in TOPOLOGIES["cluster"].values())
+    for n in range(1, 7):
+        assert "--cluster-announce-ip 127.0.0.1" in command_text(cluster[f"cluster-{n}"])
+
+    ensemble = topology_services("ensemble")
+    assert set(ensemble) == set(TOPOLOGIES["ensemble"])
+    for n in (1, 2, 3):
+        spec = ensemble[f"ensemble-{n}"]
+        assert published(spec) == [("127.0.0.1", 2190 + n, 2181)]
+        assert spec["environment"]["ZOO_MY_ID"] == str(n)
+        assert spec["environment"]["ZOO_SERVERS"].split() == [
+            f"server.{m}=ensemble-{m}:2888:3888;2181" for m in (1, 2, 3)
+        ]
+
+
+def test_replica_compose_file_adds_to_the_single_servers() -> None:
+    single = yaml.safe_load(COMPOSE.read_text())["services"]
+    replica = topology_services("replica")
+    assert set(replica) == {"mysql", "mysql-replica"}  # mysql: the primary, given GTIDs
+    assert "command" not in single["mysql"]  # docker-compose.yml alone runs it as before
+    for spec in replica.values():
+        assert {"--gtid-mode=ON", "--enforce-gtid-consistency=ON"} <= set(spec["command"])
+    spec = replica["mysql-replica"]
+    assert spec["image"] == single["mysql"]["image"]
+    assert "--read-only=ON" in spec["command"]
+    assert published(spec) == [("127.0.0.1", 3307, 3306)]
+    assert spec["depends_on"] == {"mysql": {"condition": "service_healthy"}}
+    # replica-init.sh logs in to the primary with the replica's own root password
+    assert (
+        spec["environment"]["MYSQL_ROOT_PASSWORD"]
+        == single["mysql"]["environment"]["MYSQL_ROOT_PASSWORD"]
+    )
+    assert spec["environment"]["MYSQL_DATABASE"] == single["mysql"]["environment"]["MYSQL_DATABASE"]
+    mounts = [volume.split(":") for volume in spec["volumes"]]
+    assert [target for _, target, _ in mounts] == [
+        "/docker-entrypoint-initdb.d/1-init.sql",
+        "/docker-entrypoint-initdb.d/2-replica-init.sh",
+    ]
+    assert all((ROOT / "compose" / source).is_file() for source, _, _ in mounts)
+    assert mounts[0][0] == "./init.sql"
+
+
+def test_topologies_toml_points_at_the_script_ports() -> None:
+    data = tomllib.loads(TOPOLOGIES_TOML.read_text())
+    assert data["backends"] == TOPOLOGY_BACKENDS
+    backends = data["backends"]
+
+    def ports(topology: str, prefix: str) -> list[int]:
+        return [port for name, (_, port) in TOPOLOGIES[topology].items() if name.startswith(prefix)]
+
+    assert backends["sentinel"]["sentinels"] == [
+        f"127.0.0.1:{TOPOLOGIES['sentinel'][f'sentinel-{n}'][1]}" for n in (1, 2, 3)
+    ]
+    assert set(backends["cluster"]["cluster_nodes"]) <= {
+        f"127.0.0.1:{port}" for port in ports("cluster", "cluster-")
+    }
+    assert backends["ensemble"]["hosts"] == ",".join(
+        f"127.0.0.1:{port}" for port in ports("ensemble", "ensemble-")
+    )
+    url = sa.engine.make_url(backends["replica"]["url"])
+    assert (url.host, url.port) == ("127.0.0.1", TOPOLOGIES["replica"]["mariadb-replica"][1])
+    single = sa.engine.make_url(tomllib.loads(TOML.read_text())["backends"]["db"]["url"])
+    assert (url.username, url.password, url.database) == (
+        single.username,
+        single.password,
+        single.database,
+    )
+    used = {tier for spec in data["scenarios"].values() for tier in spec["chain"]}
+    assert used == set(backends)  # every topology is in some scenario, nothing else is
+
+
+def test_usage_names_every_topology(tmp_path: Path) -> None:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("LOCKS_")}
+    env["LOCKS_SERVERS_DIR"] = str(tmp_path / "never-started")
+    for args in ([], ["start", "sentinels"], ["status", "all", "nonsense"]):
+        done = subprocess.run(
+            [str(SCRIPT), *args], env=env, check=False, capture_output=True, text=True
+        )
+        assert done.returncode == 2, args
+        assert done.stderr.startswith("usage: scripts/servers start|stop|status [TOPOLOGY...]")
+        for topology in (*TOPOLOGIES, "single", "all"):
+            assert f"\n  {topology} " in done.stderr or f" or {topology}:" in done.stderr
+    env["LOCKS_CLUSTER_3_PORT"] = "70000"
+    done = subprocess.run(
+        [str(SCRIPT), "status", "cluster"], env=env, check=False, capture_output=True, text=True
+    )
+    assert done.returncode == 1
+    assert "the port for cluster-3 must be a number from 1 to 65535, got '70000'" in done.stderr
+    assert not (tmp_path / "never-started").exists()
 
 
 # -- slow: the servers, for real ----------------------------------------------------------
@@ -407,3 +612,236 @@ def check_init_sql(servers: Servers) -> None:
     assert normalized(chosen.replace("utf8mb4_nopad_bin", "utf8mb4_0900_bin")) == normalized(
         str(mysql8_ddl)
     )
+
+
+# -- slow: the topologies, for real -------------------------------------------------------
+
+
+@dataclass
+class Topology:
+    name: str
+    dir: Path
+    env: dict[str, str]
+    ports: dict[str, int]  # scripts/servers name -> port, for every server started
+    extra_ports: list[int]  # cluster bus, ZooKeeper quorum and election ports
+    pids: dict[str, int]
+
+
+def pid_alive(pid: int) -> bool:
+    """The process runs (a zombie, waiting for whatever reaps orphans here, does not)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    return stat.rpartition(") ")[2].split()[0] != "Z"
+
+
+@contextlib.contextmanager
+def started(topology: str) -> Iterator[Topology]:
+    """`scripts/servers start TOPOLOGY` on free ports in a temp dir; everything it started is
+    stopped (or killed) on the way out."""
+    servers = dict(TOPOLOGIES[topology])
+    if topology == "replica":  # `start replica` starts its primary too
+        servers = {"mariadb": ("LOCKS_MYSQL_PORT", 3306), **servers}
+    variables = [var for var, _ in servers.values()]
+    extra = [var for name in servers for var in EXTRA_PORTS.get(name, [])]
+    values = dict(zip(variables + extra, distinct_free_ports(len(variables + extra)), strict=True))
+    with tempfile.TemporaryDirectory(prefix="locks-script-topology-") as path:
+        servers_dir = Path(path) / "s"  # short: a Unix socket path stays under 108 bytes
+        env = {k: v for k, v in os.environ.items() if not k.startswith("LOCKS_")}
+        env |= {var: str(port) for var, port in values.items()}
+        env["LOCKS_SERVERS_DIR"] = str(servers_dir)
+        env["LOCKS_SERVERS_TIMEOUT"] = "45"
+        ports = {name: values[var] for name, (var, _) in servers.items()}
+        pids: dict[str, int] = {}
+        try:
+            done = subprocess.run(
+                [str(SCRIPT), "start", topology],
+                env=env,
+                check=False,
+                capture_output=True,
+                text=True,
+                timeout=90,
+            )
+            for name in servers:  # whatever started, so that it is stopped below
+                pid_file = servers_dir / f"{name}.pid"
+                if pid_file.exists():
+                    pids[name] = int(pid_file.read_text())
+            assert done.returncode == 0, done.stdout + done.stderr
+            for name, port in ports.items():
+                assert f"{name}: started on 127.0.0.1:{port}" in done.stdout, done.stdout
+            assert f"\n{topology}: ready (" in done.stdout, done.stdout
+            yield Topology(topology, servers_dir, env, ports, [values[v] for v in extra], pids)
+        finally:
+            for args in ([topology], []) if topology == "replica" else ([topology],):
+                subprocess.run(
+                    [str(SCRIPT), "stop", *args],
+                    env=env,
+                    check=False,
+                    capture_output=True,
+                    timeout=120,
+                )
+            for name, pid in pids.items():  # a straggler `stop` missed: ours if it runs
+                try:  # the command `start` gave it
+                    cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace")
+                except OSError:
+                    continue
+                if str(servers_dir) in cmdline or f"127.0.0.1:{ports[name]}" in cmdline:
+                    os.kill(pid, signal.SIGKILL)
+
+
+def check_topology_status_and_stop(topology: Topology) -> str:
+    """`status` shows every server of the topology running, `start` again changes nothing,
+    `stop` ends every process and frees every port; returns the `status` output."""
+    members = TOPOLOGIES[topology.name]
+    status = run_script("status", topology.env, topology.name)  # exit 0: all ready
+    assert status_ports(status) == {name: ("running", topology.ports[name]) for name in members}
+    again = run_script("start", topology.env, topology.name)
+    for name in members:
+        assert f"{name}: already running on 127.0.0.1:{topology.ports[name]}" in again, again
+
+    stopped = run_script("stop", topology.env, topology.name)
+    assert stopped.splitlines() == [
+        f"{name}: stopped (was on 127.0.0.1:{topology.ports[name]})" for name in reversed(members)
+    ]
+    for name in members:
+        assert not pid_alive(topology.pids[name]), f"{name} still runs"
+    member_ports = [topology.ports[name] for name in members] + topology.extra_ports
+    assert [port for port in member_ports if not port_closed(port)] == []
+    assert status_ports(run_script("status", topology.env, topology.name)) == {
+        name: ("stopped", topology.ports[name]) for name in members
+    }
+    return status
+
+
+@pytest.mark.slow
+def test_sentinel_topology_serves_a_primary_and_its_replica() -> None:
+    with started("sentinel") as topology:
+        ports = topology.ports
+        sentinel = REDIS.Sentinel(
+            [("127.0.0.1", ports[f"sentinel-{n}"]) for n in (1, 2, 3)], socket_timeout=5
+        )
+        primary = sentinel.master_for("locks", socket_timeout=5)
+        replica = sentinel.slave_for("locks", socket_timeout=5)
+        try:
+            assert sentinel.discover_master("locks") == ("127.0.0.1", ports["sentinel-primary"])
+            assert sentinel.discover_slaves("locks") == [("127.0.0.1", ports["sentinel-replica"])]
+            assert primary.set("scripts-servers:锁", "held") is True
+            assert primary.get("scripts-servers:锁") == b"held"
+            assert primary.wait(1, 5000) == 1  # the replica has the write
+            assert replica.get("scripts-servers:锁") == b"held"
+            with pytest.raises(redis.exceptions.ReadOnlyError):
+                replica.set("scripts-servers:锁", "not here")
+        finally:
+            primary.close()
+            replica.close()
+            for client in sentinel.sentinels:
+                client.close()
+        status = check_topology_status_and_stop(topology)
+    assert f"replica of 127.0.0.1:{ports['sentinel-primary']}, link up" in status
+    assert status.count(f"watching 127.0.0.1:{ports['sentinel-primary']}, quorum reachable") == 3
+
+
+@pytest.mark.slow
+def test_cluster_topology_spreads_keys_over_three_primaries() -> None:
+    with started("cluster") as topology:
+        ports = topology.ports
+        cluster = REDIS.cluster.RedisCluster(
+            startup_nodes=[REDIS.cluster.ClusterNode("127.0.0.1", ports["cluster-1"])],
+            socket_timeout=5,
+        )
+        try:
+            keys = [f"scripts-servers:{n}" for n in range(30)]
+            for key in keys:
+                assert cluster.set(key, key) is True
+            assert [cluster.get(key) for key in keys] == [key.encode() for key in keys]
+            primaries = {node.port for node in cluster.get_primaries()}
+            replicas = {node.port for node in cluster.get_replicas()}
+            assert len(primaries) == len(replicas) == 3
+            assert primaries | replicas == set(ports.values())
+            assert {cluster.get_node_from_key(key).port for key in keys} == primaries
+            assert {node.host for node in cluster.get_nodes()} == {"127.0.0.1"}
+        finally:
+            cluster.close()
+        status = check_topology_status_and_stop(topology)
+    assert status.count(", primary, cluster_state:ok") == 3
+    assert status.count(", replica, cluster_state:ok") == 3
+
+
+@pytest.mark.slow
+def test_ensemble_topology_serves_from_every_node() -> None:
+    with started("ensemble") as topology:
+        clients = []
+        try:
+            for n in (1, 2, 3):
+                client = KazooClient(hosts=f"127.0.0.1:{topology.ports[f'ensemble-{n}']}")
+                clients.append(client)
+                client.start(timeout=15)
+            for n, client in enumerate(clients, 1):
+                client.create(f"/scripts-servers/node-{n}", f"锁 {n}".encode(), makepath=True)
+            for client in clients:  # each node has every write (sync: a follower catches up)
+                client.sync("/scripts-servers")
+                assert sorted(client.get_children("/scripts-servers")) == [
+                    "node-1",
+                    "node-2",
+                    "node-3",
+                ]
+                for n in (1, 2, 3):
+                    assert client.get(f"/scripts-servers/node-{n}")[0] == f"锁 {n}".encode()
+        finally:
+            for client in clients:
+                client.stop()
+                client.close()
+        status = check_topology_status_and_stop(topology)
+    assert sorted(re.findall(r"pid \d+, (\w+)$", status, re.MULTILINE)) == [
+        "follower",
+        "follower",
+        "leader",
+    ]
+
+
+@pytest.mark.slow
+def test_replica_topology_copies_rows_and_refuses_the_lock_user() -> None:
+    row = ("scripts-servers:锁", "owner", "token", 1, 7, 0, 0)
+    insert = (
+        "INSERT INTO locks (name, owner, token, depth, fence, expires_at, acquired_at)"
+        " VALUES (%s, %s, %s, %s, %s, %s, %s)"
+    )
+    with started("replica") as topology:
+
+        def connect(server: str) -> Any:
+            return pymysql.connect(
+                host="127.0.0.1", port=topology.ports[server], user="locks", password="locks",
+                database="locks", ssl_disabled=True, connect_timeout=5, autocommit=True,
+            )  # fmt: skip
+
+        def on_replica(cursor: Any, present: bool) -> bool:
+            deadline = time.monotonic() + 10
+            while time.monotonic() < deadline:
+                cursor.execute("SELECT owner, fence FROM locks WHERE name = %s", (row[0],))
+                if (cursor.fetchall() == (("owner", 7),)) == present:
+                    return True
+                time.sleep(0.05)
+            return False
+
+        primary, replica = connect("mariadb"), connect("mariadb-replica")
+        try:
+            with primary.cursor() as on_primary, replica.cursor() as cursor:
+                on_primary.execute(insert, row)
+                assert on_replica(cursor, present=True), "the row did not reach the replica"
+                for statement, args in (
+                    (insert, (*row[:1], "other", *row[2:])),
+                    ("UPDATE locks SET fence = 8 WHERE name = %s", row[:1]),
+                    ("DELETE FROM locks WHERE name = %s", row[:1]),
+                ):
+                    with pytest.raises(pymysql.err.OperationalError) as refused:
+                        cursor.execute(statement, args)
+                    assert refused.value.args[0] == 1290  # running with --read-only
+                on_primary.execute("DELETE FROM locks WHERE name = %s", row[:1])
+                assert on_replica(cursor, present=False), "the delete did not reach the replica"
+        finally:
+            primary.close()
+            replica.close()
+        status = check_topology_status_and_stop(topology)
+        assert pid_alive(topology.pids["mariadb"])  # `stop replica` leaves the primary alone
+    assert f", replicating from 127.0.0.1:{topology.ports['mariadb']}" in status
