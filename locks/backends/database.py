@@ -19,12 +19,28 @@ and the row's expiry, so an expired lease can never be released or brought back.
 Release deletes the row; rows of holders that died are taken over when expired, or
 purged after `purge_after`. Fences: a new row starts from the server clock in
 microseconds and a take-over gives max(fence + 1, clock), so fences strictly increase as
-long as the database server's clock does not step back. SQLite's clock counts
+long as the database server's clock does not step back. The same rule carries them
+across the promotion of a replica that lacks a row or holds an older version of it, as
+long as the promoted server's clock is not behind the old primary's by more than the time
+since the last grant there (docs/topologies/mariadb-replica.md). SQLite's clock counts
 milliseconds, so a released row is kept there (marked free, expiring at once) and the
 next grant counts on from its fence.
 
 Minimal privileges for the lock user: SELECT, INSERT, UPDATE, DELETE on the lock table
 (plus CREATE on the database if the provider is to create the table itself).
+
+A read-only server (a replica, a standby, a demoted primary) grants, renews and releases
+nothing: its refusal is a `BackendUnavailable` naming `read_only`, so a chain moves on
+and queues the release. An unprivileged lock user is refused by the server itself, at
+every statement, at no cost to us. A user whose privileges bypass read_only (MariaDB's
+READ ONLY ADMIN, which root has; MySQL's SUPER or CONNECTION_ADMIN) would write on a
+replica unhindered, its rows lost at the next resync or, worse, taken for granted after
+a promotion. On MySQL/MariaDB the pool therefore reads `@@global.read_only` on every new
+connection and again, in place of the idle ping, on a connection last checked
+`_IDLE_PING` seconds ago: one round trip per connection every 5 s at most, none per
+acquire. A privileged user on a primary turned read-only while its connections are busy
+can still write for up to those 5 s; give the lock user no such privilege. PostgreSQL
+needs no check: a standby refuses every user.
 """
 
 from __future__ import annotations
@@ -44,7 +60,7 @@ from sqlalchemy.engine import Engine
 from sqlalchemy.pool import NullPool
 from sqlalchemy.schema import CreateTable
 
-from locks.backends.dbpool import ConnectionPool
+from locks.backends.dbpool import ConnectionPool, Refused
 from locks.backends.wakeups import Wakeups
 from locks.base import Grant, ProviderBase
 from locks.errors import AccessDenied, BackendError, BackendUnavailable
@@ -61,9 +77,23 @@ _UNAVAILABLE = (exc.OperationalError, exc.InterfaceError, exc.DisconnectionError
 # 42501 insufficient privilege)
 _MYSQL_DENIED = {1044, 1045, 1142, 1143, 1227, 1370, 1698}
 _PG_DENIED = {"28000", "28P01", "42501"}
+# A server that refuses to write because it is read-only: an outage of this tier (a
+# replica, a standby, a primary being demoted), never a data error. MySQL/MariaDB 1290
+# ER_OPTION_PREVENTS_STATEMENT ("running with the --read-only option"; other options
+# share the code, so the message decides), 1836 ER_READ_ONLY_MODE, 1792 a READ ONLY
+# transaction; PostgreSQL 25006 read_only_sql_transaction (a hot standby, or
+# default_transaction_read_only); SQLite 8 SQLITE_READONLY (a file we may not write).
+_MYSQL_READ_ONLY = {1792, 1836}
+_PG_READ_ONLY = "25006"
+_SQLITE_READONLY = 8
+_READ_ONLY_HINT = {
+    "mysql": "read_only: a replica, or a demoted primary",
+    "postgresql": "read_only: a hot standby, or default_transaction_read_only",
+    "sqlite": "read_only: a file it may not write",
+}
 _PURGE_EVERY = 1000  # releases between purges of rows left by dead holders
 _DEADLOCK_RETRIES = 10  # a statement chosen as a deadlock victim is run again this often
-_IDLE_PING = 5.0  # a pooled connection idle for longer is pinged before use
+_IDLE_PING = 5.0  # a pooled connection idle, or unchecked, for longer is pinged before use
 
 _CLOCK_US = {
     "mysql": "TIMESTAMPDIFF(MICROSECOND, '1970-01-01 00:00:00', UTC_TIMESTAMP(6))",
@@ -257,13 +287,19 @@ class DatabaseProvider(ProviderBase):
         # fence, so released rows are kept there and the next grant counts on
         self._keeps_rows = dialect == "sqlite"
         self._connections = ConnectionPool(
-            engine, _pool_size(pool_size), check_seconds(pool_timeout, "pool_timeout"), _IDLE_PING
+            engine,
+            _pool_size(pool_size),
+            check_seconds(pool_timeout, "pool_timeout"),
+            _IDLE_PING,
+            _check_writable if self._mysql else None,
         )
         # the hot statements run on raw DBAPI connections, so the driver's own errors
         # count too, besides SQLAlchemy's (pool timeouts, wrapped connect errors)
         self._dbapi_error: type[Any] = engine.dialect.loaded_dbapi.Error
         dbapi = engine.dialect.loaded_dbapi
         self.unavailable_errors = (*_UNAVAILABLE, dbapi.OperationalError, dbapi.InterfaceError)
+        # what taking a connection may raise: those, or the pool's check refusing the server
+        self._take_errors: tuple[type[BaseException], ...] = (*self.unavailable_errors, Refused)
         self.driver_errors = (exc.SQLAlchemyError, dbapi.Error)
         self.address = _address(engine)
         quoted = engine.dialect.identifier_preparer.quote(self.table_name)
@@ -340,9 +376,28 @@ class DatabaseProvider(ProviderBase):
     def _classify(self, error: BaseException) -> type[BackendUnavailable] | type[BackendError]:
         cause = getattr(error, "orig", None) or error
         code = cause.args[0] if cause.args else None
-        if code in _MYSQL_DENIED or getattr(cause, "pgcode", None) in _PG_DENIED:
+        if code in _MYSQL_DENIED or _sqlstate(cause) in _PG_DENIED:
             return AccessDenied
+        if _read_only(error):
+            return BackendUnavailable
         return super()._classify(error)
+
+    def _unavailable(
+        self,
+        error: BaseException,
+        *,
+        ambiguous: bool = False,
+        key: str | None = None,
+        token: str | None = None,
+    ) -> BackendUnavailable:
+        if not _read_only(error):
+            return super()._unavailable(error, ambiguous=ambiguous, key=key, token=token)
+        # refused before it ran: never ambiguous, nothing to release later
+        return BackendUnavailable(
+            f"{self._where()} is read-only ({_READ_ONLY_HINT[self._dialect]}); it grants, "
+            f"renews and releases nothing: {self._detail(error)}",
+            backend=self.name, address=self.address, key=key,
+        )  # fmt: skip
 
     def _run(
         self,
@@ -360,7 +415,7 @@ class DatabaseProvider(ProviderBase):
         for attempt in range(_DEADLOCK_RETRIES):
             try:
                 connection = pool.take()
-            except self.unavailable_errors as error:  # nothing was sent
+            except self._take_errors as error:  # nothing was sent
                 raise self._unavailable(error, key=key) from error
             try:
                 outcome = statement.run(connection, params)
@@ -372,7 +427,7 @@ class DatabaseProvider(ProviderBase):
                     pool.give(connection)
                 if _deadlock_victim(error) and attempt + 1 < _DEADLOCK_RETRIES:
                     continue  # rolled back whole, so nothing happened: run it again
-                if isinstance(error, self.unavailable_errors):
+                if isinstance(error, self.unavailable_errors) or _read_only(error):
                     raise self._unavailable(
                         error, ambiguous=ambiguous, key=key, token=token
                     ) from error
@@ -535,7 +590,40 @@ def _deadlock_victim(error: BaseException) -> bool:
     it (MySQL 1213); PostgreSQL reports SQLSTATE 40P01. Either way the statement was
     rolled back whole."""
     code = error.args[0] if error.args else None
-    return code == 1213 or getattr(error, "pgcode", None) == "40P01"
+    return code == 1213 or _sqlstate(error) == "40P01"
+
+
+def _check_writable(connection: Any) -> None:
+    """The pool's check on MySQL/MariaDB: one round trip that refuses a read-only server,
+    whatever the user's privileges (see the module's docstring)."""
+    cursor = connection.cursor()
+    try:
+        cursor.execute("SELECT @@global.read_only")
+        row = cursor.fetchone()
+    finally:
+        cursor.close()
+    if row is not None and int(row[0]):
+        raise Refused("@@global.read_only = 1")
+
+
+def _sqlstate(error: BaseException) -> str | None:
+    """PostgreSQL's SQLSTATE: `sqlstate` on psycopg 3, `pgcode` on psycopg2."""
+    state = getattr(error, "sqlstate", None) or getattr(error, "pgcode", None)
+    return state if isinstance(state, str) else None
+
+
+def _read_only(error: BaseException) -> bool:
+    """Whether `error` (or the driver's error it wraps) is a read-only server's refusal."""
+    cause = getattr(error, "orig", None) or error
+    if isinstance(cause, Refused):
+        return True
+    code = cause.args[0] if cause.args else None
+    if code in _MYSQL_READ_ONLY or _sqlstate(cause) == _PG_READ_ONLY:
+        return True
+    if code == 1290:
+        return "read-only" in str(cause) or "read_only" in str(cause)
+    sqlite_code = getattr(cause, "sqlite_errorcode", None)  # extended codes keep it below
+    return isinstance(sqlite_code, int) and sqlite_code & 0xFF == _SQLITE_READONLY
 
 
 def _in_memory(url: sa.engine.URL) -> bool:

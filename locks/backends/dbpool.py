@@ -16,6 +16,14 @@ Connections are made by the engine (its connect events, isolation level and conn
 arguments apply) and then detached from the engine's pool: they count against this
 pool's limit only. A forked child starts with an empty pool and a fresh engine pool,
 and never speaks on its parent's sockets.
+
+A connection idle for `ping_after` seconds is pinged before it serves again. A pool
+given a `check` (one round trip that raises `Refused` when the server must not be used:
+the database backend's read-only check on MySQL/MariaDB) runs it on every new
+connection, and in place of the ping: when a connection is taken that was last checked
+`ping_after` seconds ago or more, busy or not. So a server that turns unfit is noticed
+within `ping_after` on every connection, for one round trip per connection per
+`ping_after`; while it stays fit, a take costs one dictionary lookup more.
 """
 
 from __future__ import annotations
@@ -24,6 +32,7 @@ import contextlib
 import threading
 import time
 from collections import deque
+from collections.abc import Callable
 from typing import Any
 
 from sqlalchemy import exc
@@ -37,6 +46,10 @@ _NEW = object()  # handed to a queued taker: a place is free, open a connection 
 _SLOW_PING = 0.25  # seconds: a ping that failed after this long met a hung server
 
 
+class Refused(Exception):
+    """A pool's `check` found the server answering but not fit to serve (read-only)."""
+
+
 class _Slot:
     """A queued taker's place: what it is handed arrives here, then `ready` is set."""
 
@@ -48,15 +61,26 @@ class _Slot:
 
 
 class ConnectionPool:
-    def __init__(self, engine: Engine, size: int, timeout: float, ping_after: float) -> None:
+    def __init__(
+        self,
+        engine: Engine,
+        size: int,
+        timeout: float,
+        ping_after: float,
+        check: Callable[[Any], None] | None = None,
+    ) -> None:
         """Keeps up to `size` idle connections and opens as many again under load; a
         taker waits `timeout` seconds for one; a connection idle for `ping_after`
-        seconds is pinged before it serves again."""
+        seconds is pinged before it serves again. `check(connection)`, if given, is run
+        on each new connection and at least every `ping_after` seconds on each (see the
+        module's docstring); it raises `Refused`, or the driver's error when the
+        connection is dead."""
         self._engine = engine
         self._size = size
         self._limit = 2 * size
         self._timeout = timeout
         self._ping_after = ping_after
+        self._check = check
         self._closed = False
         self._reset()
         start_afresh_when_forked(self)
@@ -66,6 +90,7 @@ class ConnectionPool:
         self._idle: list[tuple[Any, float]] = []  # (connection, monotonic time of last use)
         self._queue: deque[_Slot] = deque()  # takers waiting, first come first
         self._open = 0  # connections made and not yet closed: idle + in use
+        self._checked: dict[int, float] = {}  # id(connection) -> monotonic time of its check
 
     def after_fork_in_child(self) -> None:
         # The sockets belong to the parent. They are kept, not dropped: some drivers'
@@ -89,8 +114,12 @@ class ConnectionPool:
             connection, used_at = entry
             pinged_at = time.monotonic()
             try:
-                if pinged_at - used_at < self._ping_after or self._alive(connection):
+                if self._fresh(connection, used_at, pinged_at) or self._alive(connection):
                     return connection
+            except Refused:  # the server is unfit: so are the other idle connections
+                self.discard(connection)
+                self.discard_idle()
+                raise
             except BaseException:  # interrupted while pinging: the place must not be lost
                 self.discard(connection)
                 raise
@@ -121,7 +150,7 @@ class ConnectionPool:
 
     def discard(self, connection: Any) -> None:
         """Close a connection that may be broken, and free its place."""
-        _close_quietly(connection)
+        self._close(connection)
         self._free(1)
 
     def discard_idle(self) -> None:
@@ -133,7 +162,7 @@ class ConnectionPool:
             while (entry := self._pop_idle()) is not None:
                 idle.append(entry)
         for connection, _ in idle:
-            _close_quietly(connection)
+            self._close(connection)
         self._free(len(idle))
 
     def close(self) -> None:
@@ -141,6 +170,19 @@ class ConnectionPool:
         statement run after `close` (a release, say) gets a connection of its own."""
         self._closed = True
         self.discard_idle()
+
+    def _fresh(self, connection: Any, used_at: float, now: float) -> bool:
+        """Whether `connection` may serve without a round trip first: used recently,
+        and (with a check) checked recently."""
+        if now - used_at >= self._ping_after:
+            return False
+        if self._check is None:
+            return True
+        return now - self._checked.get(id(connection), 0.0) < self._ping_after
+
+    def _close(self, connection: Any) -> None:
+        self._checked.pop(id(connection), None)
+        _close_quietly(connection)
 
     def _pop_idle(self) -> tuple[Any, float] | None:
         # no `if self._idle` first: a taker on the fast path may pop in between
@@ -203,21 +245,32 @@ class ConnectionPool:
                 raise exc.DisconnectionError("the engine handed out a closed connection")
             # an engine passed in may run transactions; our statements commit themselves
             self._engine.dialect.set_isolation_level(connection, "AUTOCOMMIT")
+            if self._check is not None:
+                self._check(connection)
+                self._checked[id(connection)] = time.monotonic()
         except BaseException:
             if connection is not None:
-                _close_quietly(connection)
+                self._close(connection)
             self._free(1)
             raise
         return connection
 
     def _alive(self, connection: Any) -> bool:
+        """One round trip: the check if there is one (its `Refused` propagates), else a
+        ping; False if the connection is dead."""
         try:
+            if self._check is not None:
+                self._check(connection)
+                self._checked[id(connection)] = time.monotonic()
+                return True
             cursor = connection.cursor()
             try:
                 cursor.execute("SELECT 1")
                 cursor.fetchall()
             finally:
                 cursor.close()
+        except Refused:
+            raise
         except Exception:
             return False
         return True

@@ -15,7 +15,7 @@ import socket
 import subprocess
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -160,6 +160,7 @@ class ZooKeeperServer(ServerProcess):
 
     name = "zookeeper"
     tick_ms = 200
+    heap = "256m"  # the JVM's -Xmx: an ensemble runs three of them on a small machine
 
     def __init__(self, workdir: Path) -> None:
         super().__init__(workdir)
@@ -191,7 +192,7 @@ class ZooKeeperServer(ServerProcess):
 
     def command(self) -> list[str]:
         return [
-            self.java, "-Xmx256m", "-XX:+UseSerialGC", "-Xshare:auto",
+            self.java, f"-Xmx{self.heap}", "-XX:+UseSerialGC", "-Xshare:auto",
             "-Dzookeeper.jmx.log4j.disable=true",
             # empty lock parents (container nodes) are swept every 0.3 s, not every minute
             "-Dznode.container.checkIntervalMs=300",
@@ -212,10 +213,14 @@ class MariaDBServer(ServerProcess):
     name = "mariadb"
     password = "locks-test-pw"
 
-    def __init__(self, workdir: Path, *, durable: bool = False) -> None:
+    def __init__(
+        self, workdir: Path, *, durable: bool = False, options: Sequence[str] = ()
+    ) -> None:
         """`durable`: flush the redo log at every commit, as production servers do
-        (benchmarks); the tests skip that fsync to run faster."""
+        (benchmarks); the tests skip that fsync to run faster. `options`: more server
+        options, after ours (a replica's `--server-id`, `--log-bin`, `--read-only`)."""
         super().__init__(workdir)
+        self.options = list(options)
         self.binary = require_binary("mariadbd", "/usr/sbin/mariadbd")
         self.install_db = require_binary("mariadb-install-db", "/usr/bin/mariadb-install-db")
         self.client = require_binary("mariadb", "/usr/bin/mariadb")
@@ -256,6 +261,7 @@ class MariaDBServer(ServerProcess):
             f"--innodb-flush-log-at-trx-commit={1 if self.durable else 2}",
             "--innodb-buffer-pool-size=64M", "--max-connections=500",
             "--character-set-server=utf8mb4", "--collation-server=utf8mb4_bin",
+            *self.options,
         ]  # fmt: skip
 
     def ready(self) -> bool:
