@@ -24,6 +24,7 @@ from locks.watchdog import Watchdog, mark_lost
 P = ParamSpec("P")
 R = TypeVar("R")
 
+_DETAIL_MAX = 300  # characters of a driver's message kept in ours
 _RETRY_CAP = 1.0  # seconds: a failing renewal is tried again at most this far apart
 
 
@@ -508,6 +509,8 @@ class ProviderBase(ABC):
         detail = lines[0] if lines else ""
         for secret in self._secrets():
             detail = detail.replace(secret, "***")
+        if len(detail) > _DETAIL_MAX:  # e.g. redis-py's MasterNotFoundError lists every sentinel
+            detail = detail[:_DETAIL_MAX] + "..."
         return f"{type(cause).__name__}: {detail}"
 
     @contextmanager

@@ -98,15 +98,24 @@ def test_bad_topology_arguments_are_refused_before_any_io(
         RedisProvider(**kwargs)  # type: ignore[arg-type]
 
 
-def test_an_unreachable_cluster_is_an_outage_of_the_first_call_not_of_the_constructor() -> None:
+@pytest.mark.parametrize("scheme", ["redis+cluster", "redis+sentinel"])
+def test_an_unreachable_topology_is_an_outage_of_the_first_call_never_ambiguous(
+    scheme: str,
+) -> None:
+    """Constructing does no I/O; the first call is a BackendUnavailable naming the
+    topology (not the password), and not ambiguous: no primary was found, so nothing
+    was sent and a chain has nothing to clean up."""
     from tests.ports import free_port  # noqa: PLC0415
 
     port = free_port()
-    provider = RedisProvider(f"redis+cluster://user:s3cret@127.0.0.1:{port}")
+    url = f"{scheme}://user:s3cret@127.0.0.1:{port}" + ("/locks" if "sentinel" in scheme else "")
+    provider = RedisProvider(url)
     try:
-        with pytest.raises(BackendUnavailable, match=f"cluster 127.0.0.1:{port}") as caught:
+        with pytest.raises(BackendUnavailable, match=f"127.0.0.1:{port}") as caught:
             provider.acquire("k", ttl=5, wait=0)
         assert "s3cret" not in str(caught.value)
+        assert not caught.value.ambiguous
+        assert len(str(caught.value)) < 500
     finally:
         provider.close()
 
@@ -423,19 +432,26 @@ def test_clients_passed_in_serve_each_topology_and_stay_open(
     from redis.cluster import ClusterNode, RedisCluster  # noqa: PLC0415
     from redis.sentinel import Sentinel  # noqa: PLC0415
 
-    sentinel_client = Sentinel(
-        [("127.0.0.1", int(a.rsplit(":", 1)[1])) for a in sentinel_topology.sentinel_addresses],
-        socket_timeout=1,
-    ).master_for(sentinel_topology.service, socket_timeout=1)
-    cluster_client = RedisCluster(
-        startup_nodes=[ClusterNode("127.0.0.1", cluster_topology.nodes[0].port)]
+    sentinels = [("127.0.0.1", s.port) for s in sentinel_topology.sentinels]
+    manager = Sentinel(sentinels, socket_timeout=1)  # type: ignore[no-untyped-call]
+    sentinel_client: redis.Redis = manager.master_for(  # type: ignore[no-untyped-call]
+        sentinel_topology.service, socket_timeout=1
     )
-    for client, named in ((sentinel_client, "sentinel "), (cluster_client, "cluster ")):
+    node = ClusterNode("127.0.0.1", cluster_topology.nodes[0].port)  # type: ignore[no-untyped-call]
+    cluster_client = RedisCluster(startup_nodes=[node])
+    clients: list[tuple[redis.Redis | RedisCluster, str]] = [
+        (sentinel_client, "sentinel "), (cluster_client, "cluster "),
+    ]  # fmt: skip
+    for client, named in clients:
         provider = RedisHashProvider(client=client)
         assert provider.address.startswith(named)
         lease = provider.acquire(key, ttl=5, wait=0)
         assert lease is not None
-        assert elsewhere(lambda p=provider: p.acquire(key, ttl=5, wait=0)) is None
+
+        def other_try(p: RedisHashProvider = provider) -> Lease | None:
+            return p.acquire(key, ttl=5, wait=0)
+
+        assert elsewhere(other_try) is None
         provider.release(lease)
         provider.close()
         assert client.get(lock_key(key)) is None  # still usable: not ours to close

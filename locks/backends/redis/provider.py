@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from typing import Any, ClassVar
 
 from redis import exceptions as errors
+from redis.sentinel import MasterNotFoundError
 
 from locks.backends.redis import scripts
 from locks.backends.redis.notify import NO_RESULT, ReleaseNotifier
@@ -180,9 +181,7 @@ class _RedisProviderBase(ProviderBase):
         try:
             reply, acks = self._call(self._acquire_script, [keys.lock, keys.fence], args)
         except (*self.driver_errors, *self.unavailable_errors) as exc:
-            # refused at connect: the script was never sent, so nothing can have been taken
-            sent = not isinstance(exc.__context__, ConnectionRefusedError)
-            raise self._error(exc, ambiguous=sent, key=keys.name, token=token) from exc
+            raise self._error(exc, ambiguous=_maybe_sent(exc), key=keys.name, token=token) from exc
         # the reply shapes are described in locks.backends.redis.scripts
         if isinstance(reply, int):
             if reply > 0:
@@ -346,6 +345,14 @@ def _other_type_is_not_ours() -> Iterator[None]:
     except errors.ResponseError as exc:
         if not str(exc).startswith("WRONGTYPE"):
             raise
+
+
+def _maybe_sent(error: BaseException) -> bool:
+    """Whether the script may have reached a server: not when the connection was refused,
+    no sentinel named a primary, or a cluster client found no node for the slot."""
+    if isinstance(error, (MasterNotFoundError, errors.RedisClusterException)):
+        return False
+    return not isinstance(error.__context__, ConnectionRefusedError)
 
 
 def _int(value: Any) -> int | None:
