@@ -10,7 +10,8 @@ draws the images again from the tables already in docs/benchmarks.md (the newest
 section of each benchmark; all that have one if no NAME is given) and links each from
 its section: for a table written by a run that drew no image, and to redraw after a
 change to the plots. Failover timelines need the run's raw samples: only
-`python -m benchmarks.failover` draws those.
+`python -m benchmarks.failover` draws those. `benchmarks.topologies` keeps its raw
+results in docs/img/topologies.json, and its image is redrawn from that file.
 
 matplotlib is imported inside the drawing functions only.
 """
@@ -18,12 +19,14 @@ matplotlib is imported inside the drawing functions only.
 from __future__ import annotations
 
 import argparse
+import json
 import re
+import statistics
 import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any, TypedDict, cast
 
 from benchmarks.harness import DOCS, REPORT, Result
 
@@ -35,6 +38,8 @@ OURS_COLOUR = "#1f77b4"
 PEER_COLOUR = "#9a9a9a"
 # benchmarks whose every contender is fallback-locks (bare next to a chain)
 ALL_OURS = {"chain"}
+# benchmarks.topologies' raw results, written by its run, read to redraw its image
+TOPOLOGIES_RESULTS = IMAGES / "topologies.json"
 
 _LINK = re.compile(r"^!\[[^\]]*\]\((img/[^)\s]+\.png)\)\s*$")
 _SECTION = re.compile(r"^## (?P<title>.+) \((?P<stamp>\d{4}-\d\d-\d\d \d\d:\d\d UTC)\)\s*$")
@@ -168,6 +173,127 @@ def draw_failover(
     return path
 
 
+class CycleRow(TypedDict):
+    """One contender of `benchmarks.topologies`: medians of its run."""
+
+    topology: str  # "Sentinel" or "Cluster"
+    lock: str  # "redis-py Lock", "fallback-locks redis", "fallback-locks redis-hash"
+    sync_replicas: int
+    ours: bool
+    cycles_per_second: float
+    handoff_ms: float | None
+
+
+class FailoverRow(TypedDict):
+    """One topology's failovers: SIGKILL of the primary -> the client's first grant."""
+
+    topology: str
+    times_ms: list[float | None]  # per repetition; None: never granted
+    median_ms: float | None
+    promoted_ms: list[float]  # SIGKILL -> the topology itself names a new primary
+    attempts: list[int]  # acquires the client made until its grant, per repetition
+    unavailable: dict[str, int]  # BackendUnavailable raised, by the driver error under it
+    ambiguous: int  # of those, raised when the acquire may have reached a server
+    refused: int  # acquire(wait=0) of a fresh name answered None
+    other_errors: list[str]  # anything else raised: a library bug
+
+
+class TopologyResults(TypedDict):
+    """docs/img/topologies.json."""
+
+    title: str
+    stamp: str
+    command: str
+    seconds: float
+    settings: dict[str, Any]
+    cycles: list[CycleRow]
+    failovers: list[FailoverRow]
+
+
+def _variant(row: CycleRow) -> str:
+    lock = row["lock"].removeprefix("fallback-locks ")
+    return f"{lock}, sync_replicas={row['sync_replicas']}" if row["sync_replicas"] else lock
+
+
+def draw_topologies(
+    title: str,
+    cycles: Sequence[CycleRow],
+    failovers: Sequence[FailoverRow],
+    path: Path | None = None,
+) -> Path:
+    """docs/img/topologies.png: cycles/s per topology, one bar per contender (left), and
+    each topology's failover times as a client saw them (right)."""
+    path = path or IMAGES / "topologies.png"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    topologies = list(dict.fromkeys(r["topology"] for r in cycles))
+    variants = list(dict.fromkeys(_variant(r) for r in cycles))
+    figure = _figure(12, 5)
+    rate_axes, failover_axes = figure.subplots(1, 2, gridspec_kw={"width_ratios": [2.2, 1]})
+
+    width = 0.8 / len(variants)
+    top = max(r["cycles_per_second"] for r in cycles)
+    for index, variant in enumerate(variants):
+        rows = [r for r in cycles if _variant(r) == variant]
+        xs = [topologies.index(r["topology"]) + (index - (len(variants) - 1) / 2) * width
+              for r in rows]  # fmt: skip
+        rates = [r["cycles_per_second"] for r in rows]
+        ours, synced = rows[0]["ours"], rows[0]["sync_replicas"] > 0
+        rate_axes.bar(
+            xs, rates, width * 0.92, label=variant if ours else f"{variant} (peer)",
+            color=OURS_COLOUR if ours else PEER_COLOUR, alpha=0.55 if synced else 1.0,
+            hatch="//" if synced else None, edgecolor="white" if synced else None,
+        )  # fmt: skip
+        for x, rate in zip(xs, rates, strict=True):
+            rate_axes.annotate(
+                f"{rate:,.0f}", (x, rate), ha="center", va="bottom", fontsize=7,
+                xytext=(0, 2), textcoords="offset points",
+            )  # fmt: skip
+    rate_axes.set_xticks(range(len(topologies)), topologies)
+    rate_axes.set_ylim(0, top * 1.15)
+    rate_axes.set_ylabel("uncontended acquire + release, cycles/s (higher is better)")
+    rate_axes.legend(loc="upper center", ncols=3, fontsize=7)
+    rate_axes.grid(axis="y", alpha=0.3)
+
+    names = [f["topology"] for f in failovers]
+    for index, outage in enumerate(failovers):
+        done = [t for t in outage["times_ms"] if t is not None]
+        if done:
+            median = statistics.median(done)
+            failover_axes.bar(index, median, 0.6, color=OURS_COLOUR, alpha=0.35)
+            failover_axes.annotate(
+                f"median\n{median:,.0f} ms", (index, median / 2), ha="center", va="center",
+                fontsize=8,
+            )  # fmt: skip
+        else:
+            failover_axes.annotate("never granted", (index, 0), ha="center", fontsize=8)
+        failover_axes.scatter(
+            [index - 0.08] * len(done), done, s=14, color=OURS_COLOUR, zorder=3,
+            label="SIGKILL -> client's first grant" if index == 0 else None,
+        )  # fmt: skip
+        failover_axes.scatter(
+            [index + 0.08] * len(outage["promoted_ms"]), outage["promoted_ms"], s=16,
+            marker="x", color="#555555", zorder=3,
+            label="SIGKILL -> topology names a new primary" if index == 0 else None,
+        )  # fmt: skip
+    failover_axes.set_xticks(range(len(names)), names)
+    failover_axes.set_xlim(-0.6, len(names) - 0.4)
+    highest = max((t for f in failovers for t in [*f["times_ms"], *f["promoted_ms"]] if t),
+                  default=1.0)  # fmt: skip
+    failover_axes.set_ylim(0, highest * 1.3)
+    failover_axes.set_ylabel("failover, ms (each repetition a mark)")
+    failover_axes.legend(loc="upper center", fontsize=7)
+    failover_axes.grid(axis="y", alpha=0.3)
+    figure.suptitle(title, fontsize=10)
+    figure.savefig(path, dpi=100)
+    return path
+
+
+def load_topologies(results: Path = TOPOLOGIES_RESULTS) -> TopologyResults:
+    if not results.exists():
+        raise SystemExit(f"no {results}: run python -m benchmarks.topologies")
+    return cast(TopologyResults, json.loads(results.read_text()))
+
+
 # -- docs/benchmarks.md ------------------------------------------------------------------
 
 
@@ -253,10 +379,19 @@ def redraw(names: Sequence[str], report: Path = REPORT) -> list[Path]:
         if section is None:
             raise SystemExit(f"no section of benchmarks.{name} in {report}")
         body = lines[section.start : section.end]
-        results = parse_results(name, body)
-        if not results:
-            raise SystemExit(f"the newest benchmarks.{name} section has no contender table")
-        image = draw_results(name, f"{section.title} ({section.stamp})", results)
+        if name == "topologies":  # drawn from the run's raw results, not from its tables
+            data = load_topologies()
+            if data["stamp"] != section.stamp:
+                print(f"{TOPOLOGIES_RESULTS} is of the run at {data['stamp']}, "
+                      f"not of the newest section ({section.stamp})", file=sys.stderr)  # fmt: skip
+            image = draw_topologies(
+                f"{data['title']} ({data['stamp']})", data["cycles"], data["failovers"]
+            )
+        else:
+            results = parse_results(name, body)
+            if not results:
+                raise SystemExit(f"the newest benchmarks.{name} section has no contender table")
+            image = draw_results(name, f"{section.title} ({section.stamp})", results)
         drawn.append(image)
         if not any(f"](img/{image.name})" in line for line in body):
             table_end = next(
