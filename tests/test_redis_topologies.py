@@ -66,6 +66,26 @@ def acquire_until_served(
     return elsewhere(attempt)
 
 
+def waiting(provider: _RedisProviderBase, key: str) -> tuple[threading.Thread, list[Lease | None]]:
+    """A started thread (another owner) that waits for `key` for up to 25 s, trying
+    again while no primary answers; its outcome lands in the list."""
+    got: list[Lease | None] = []
+
+    def wait_for_it() -> None:
+        deadline = time.monotonic() + 25
+        while time.monotonic() < deadline:
+            try:
+                got.append(provider.acquire(key, ttl=5, wait=deadline - time.monotonic()))
+                return
+            except BackendUnavailable:  # while no primary answers
+                time.sleep(0.05)
+        got.append(None)
+
+    thread = threading.Thread(target=wait_for_it)
+    thread.start()
+    return thread, got
+
+
 # -- checked before any I/O ---------------------------------------------------------------
 
 
@@ -202,20 +222,7 @@ def test_sentinel_failover_wakes_a_waiter_on_the_new_primary(
     made += [holder, waiter_provider]
     lease = holder.acquire(key, ttl=30, wait=0)
     assert lease is not None
-    got: list[Lease | BaseException | None] = []
-
-    def wait_for_it() -> None:
-        deadline = time.monotonic() + 25
-        while time.monotonic() < deadline:
-            try:
-                got.append(waiter_provider.acquire(key, ttl=5, wait=deadline - time.monotonic()))
-                return
-            except BackendUnavailable:  # while no primary answers
-                time.sleep(0.05)
-        got.append(None)
-
-    thread = threading.Thread(target=wait_for_it)
-    thread.start()
+    thread, got = waiting(waiter_provider, key)
     time.sleep(0.3)
     old = sentinel_topology.primary()
     old.kill()
@@ -335,20 +342,7 @@ def test_cluster_failover_keeps_a_lease_and_wakes_a_waiter(
     lost: list[Lease] = []
     lease = holder.acquire(key, on_lost=lost.append)
     assert lease is not None
-    got: list[Lease | None] = []
-
-    def wait_for_it() -> None:
-        deadline = time.monotonic() + 25
-        while time.monotonic() < deadline:
-            try:
-                got.append(waiter_provider.acquire(key, ttl=5, wait=deadline - time.monotonic()))
-                return
-            except BackendUnavailable:
-                time.sleep(0.05)
-        got.append(None)
-
-    thread = threading.Thread(target=wait_for_it)
-    thread.start()
+    thread, got = waiting(waiter_provider, key)
     time.sleep(0.3)
     old = cluster_topology.primary_of(lock_key(key))
     old.kill()
