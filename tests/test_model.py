@@ -572,6 +572,7 @@ def model_machine(
 # -- the model over every backend -------------------------------------------------------------
 
 
+@pytest.mark.parametrize("backend", kinds(topologies=False), indirect=True)
 def test_every_backend_keeps_the_model(backend: Backend) -> None:
     """Every kind (and a chain): random steps never leave what the model allows. Where
     nothing expires, nothing sleeps: those kinds get more runs for the same time."""

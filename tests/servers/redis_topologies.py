@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 import redis
+from redis.crc import key_slot
 
 from tests.ports import free_port
 from tests.servers import RedisServer, ServerProcess, _answers, require_binary
@@ -36,6 +37,28 @@ def _wait_for(condition: object, what: str, timeout: float) -> None:
         if time.monotonic() > deadline:
             raise RuntimeError(f"timed out after {timeout} s waiting for {what}")
         time.sleep(0.05)
+
+
+def _acknowledged(primary: RedisNode, key: str = "healthcheck") -> bool:
+    """A write on `primary` reaches a replica within 0.2 s: what synced grants need."""
+    with primary.admin() as client:
+        client.set(key, 1)
+        return int(client.wait(1, 200)) >= 1
+
+
+def _owned_key(node: RedisNode) -> str:
+    """A key in one of the slots `node` serves as a cluster primary."""
+    with node.admin() as client:
+        ranges = [
+            (int(start), int(end))
+            for start, end, primary, *_ in client.execute_command("CLUSTER", "SLOTS")
+            if int(primary[1]) == node.port
+        ]
+    for i in range(1_000_000):
+        slot = key_slot(f"healthcheck{i}".encode())
+        if any(start <= slot <= end for start, end in ranges):
+            return f"healthcheck{i}"
+    raise RuntimeError(f"{node.name} serves no slot")
 
 
 class RedisNode(RedisServer):
@@ -160,6 +183,8 @@ class SentinelTopology:
             return False
         if int(str(info.get("master_port"))) != primary.port:
             return False
+        if not _acknowledged(primary):
+            return False
         # every sentinel agrees, and knows the replica (it may be promoted)
         for sentinel in self.sentinels:
             with sentinel.client() as client:
@@ -214,6 +239,9 @@ class SentinelTopology:
                 node.start()
             with node.admin() as client:
                 client.config_set("masterauth", "")
+                # a demoted primary waits up to ~10 s for Sentinel to reconfigure it
+                if node.port != primary_port and client.info("replication")["role"] == "master":
+                    client.replicaof("127.0.0.1", primary_port)
         self.wait_healthy()
 
     def stop(self) -> None:
@@ -291,6 +319,8 @@ class ClusterTopology:
                     return False
                 info = node.info("replication")
                 roles.append(info.get("role"))
+                if info.get("role") == "master" and not _acknowledged(node, _owned_key(node)):
+                    return False
                 if info.get("role") == "slave" and info.get("master_link_status") != "up":
                     return False
                 # every node sees all six, none flagged failing

@@ -279,9 +279,19 @@ def _cluster_topology(nodes: list[tuple[str, int]], credentials: dict[str, str |
 
     credential_kwargs: dict[str, Any] = {k: v for k, v in credentials.items() if v}
 
+    (first_host, first_port), others = nodes[0], nodes[1:]
+    if ":" in first_host:
+        first_host = f"[{first_host}]"
+
     def build() -> Client:
         return RedisCluster(
-            startup_nodes=[ClusterNode(host, port) for host, port in nodes],  # type: ignore[no-untyped-call]
+            # given a url, redis-py builds each node's pool from connection_pool_class:
+            # blocking, so a thread past max_connections waits pool_timeout, as on one
+            # server, instead of failing at once
+            url=f"redis://{first_host}:{first_port}",
+            startup_nodes=[ClusterNode(host, port) for host, port in others],  # type: ignore[no-untyped-call]
+            connection_pool_class=redis.BlockingConnectionPool,
+            timeout=timeouts.pool,
             retry=retry,
             # slots of a shard in failover are unserved; the others go on serving
             require_full_coverage=False,
