@@ -357,9 +357,11 @@ class ClusterTopology:
 @pytest.fixture(scope="session")
 def sentinel_session(server_dir: Path) -> Iterator[SentinelTopology]:
     topology = SentinelTopology(server_dir / "sentinel")
-    topology.start()
-    yield topology
-    topology.stop()
+    try:
+        topology.start()
+        yield topology
+    finally:  # a topology that failed to start leaves no process behind either
+        topology.stop()
 
 
 @pytest.fixture
@@ -372,9 +374,11 @@ def sentinel_topology(sentinel_session: SentinelTopology) -> Iterator[SentinelTo
 @pytest.fixture(scope="session")
 def cluster_session(server_dir: Path) -> Iterator[ClusterTopology]:
     topology = ClusterTopology(server_dir / "cluster")
-    topology.start()
-    yield topology
-    topology.stop()
+    try:
+        topology.start()
+        yield topology
+    finally:  # a topology that failed to start leaves no process behind either
+        topology.stop()
 
 
 @pytest.fixture
