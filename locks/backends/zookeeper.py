@@ -7,6 +7,10 @@ vanishes when its session expires, and a connection that is SUSPENDED makes `che
 raise until it is back. LOST marks the leases lost and calls `on_lost`; so does a
 connection that stays SUSPENDED for the whole session timeout, as Curator does: kazoo
 says LOST only once the server is reached again, which may be never.
+
+Over an ensemble (`hosts="h1:2181,h2:2181,h3:2181"`) a session outlives the member it is
+connected through: kazoo moves it to another member, and the leases stay in doubt only
+until it has (docs/topologies/zookeeper-ensemble.md has the windows measured).
 """
 
 from __future__ import annotations
@@ -43,7 +47,7 @@ from locks.errors import BackendError, BackendUnavailable
 from locks.forking import start_afresh_when_forked
 from locks.holds import Hold
 from locks.names import check_seconds, check_zookeeper_path, zookeeper_node_name
-from locks.provider import Capabilities, Holder, Lease
+from locks.provider import Capabilities, Holder, Lease, LostCallback
 
 logger = logging.getLogger("locks")
 
@@ -119,12 +123,17 @@ class ZooKeeperProvider(ProviderBase):
         start_afresh_when_forked(self)
 
     def _new_client(self, hosts: str) -> KazooClient:
+        # Keep reconnecting in the background (callers fail fast meanwhile), a round of
+        # the hosts at least every tenth of the session timeout: a session moved after an
+        # election must be back before it expires. Let grow to a second between rounds,
+        # the backoff lost half the leases of 1 s sessions in the leader elections
+        # measured, though the ensemble served again within 0.5 s.
+        pause = min(1.0, self._session_timeout / 10)
         try:
             return KazooClient(
                 hosts=hosts,
                 timeout=self._session_timeout,
-                # keep reconnecting in the background; callers fail fast meanwhile
-                connection_retry=KazooRetry(max_tries=-1, delay=0.05, backoff=2, max_delay=1.0),
+                connection_retry=KazooRetry(max_tries=-1, delay=0.05, backoff=2, max_delay=pause),
             )
         except (ValueError, KazooException) as exc:
             raise ValueError(f"hosts {hosts!r} is not a ZooKeeper connect string: {exc}") from exc
@@ -135,6 +144,11 @@ class ZooKeeperProvider(ProviderBase):
         self._started_at = 0.0
         self._connected_once = False
         self._nodes: dict[str, str] = {}  # token of a grant -> its node's path
+        # token of a grant not yet handed out -> the session its node was created in
+        self._born_in: dict[str, int | None] = {}
+        # the listener's view of the session, and the lock that orders it with new grants
+        self._state_lock = threading.Lock()
+        self._in_doubt = False
         # creates whose outcome is unknown and deletes that failed: (parent, token) pairs
         # whose nodes must go once ZooKeeper answers again, or they would hold the lock
         # for as long as this session lives
@@ -187,23 +201,29 @@ class ZooKeeperProvider(ProviderBase):
 
     def _on_state(self, state: str) -> None:
         # runs on kazoo's connection thread: flag, and hand any I/O to other threads
-        held = self._holds()
-        if state in (KazooState.SUSPENDED, KazooState.CONNECTED):
-            suspended = state == KazooState.SUSPENDED
-            for hold in held:
-                for level in hold.levels:
-                    level.state.suspended = suspended
+        # under the lock: a grant being handed out (`_vouch`) or a node left behind
+        # (`_leave`) either sees the new state or is seen here
+        with self._state_lock:
+            held = self._holds()
+            self._in_doubt = state != KazooState.CONNECTED
+            if state in (KazooState.SUSPENDED, KazooState.CONNECTED):
+                for hold in held:
+                    for level in hold.levels:
+                        level.state.suspended = self._in_doubt
+            clean = state == KazooState.CONNECTED and bool(self._leftovers)
         if state == KazooState.CONNECTED:
             self._connected_once = True
         if state == KazooState.SUSPENDED:
             since = self._suspended_since = time.monotonic()
-            timeout = self.client._session_timeout / 1000  # as negotiated with the server
+            # the timeout asked for: kazoo does not keep the one the server granted (a
+            # server's maxSessionTimeout below it would expire the session sooner)
+            timeout = self.client._session_timeout / 1000
             timer = threading.Timer(timeout, self._suspended_too_long, args=(since,))
             timer.daemon = True
             timer.start()
         else:
             self._suspended_since = None
-        if state == KazooState.CONNECTED and self._leftovers:
+        if clean:
             threading.Thread(target=self._clean_leftovers, daemon=True).start()
         elif state == KazooState.LOST and held:
             reason = "the ZooKeeper session expired"
@@ -218,7 +238,7 @@ class ZooKeeperProvider(ProviderBase):
         for hold in held:  # if the session survives after all, these nodes must still go
             node = self._nodes.get(hold.anchor.token)
             if node is not None:
-                self._leftovers.add((node.rsplit("/", 1)[0], hold.anchor.token))
+                self._leave(node.rsplit("/", 1)[0], hold.anchor.token)
         self._lose_all(held, "no answer from ZooKeeper for the whole session timeout")
 
     def _lose_all(self, held: list[Hold], reason: str) -> None:
@@ -230,6 +250,50 @@ class ZooKeeperProvider(ProviderBase):
         if self.client.state != KazooState.CONNECTED or hold.anchor.state.suspended:
             raise self._unavailable(ConnectionLoss(f"session is {self.client.state}"))
 
+    def acquire(
+        self,
+        key: str,
+        *,
+        ttl: float | None = None,
+        wait: float | None = None,
+        on_lost: LostCallback | None = None,
+    ) -> Lease | None:
+        lease = super().acquire(key, ttl=ttl, wait=wait, on_lost=on_lost)
+        if lease is not None:
+            # a nested level may sit on a hold another provider of this domain granted:
+            # that provider's session vouches for it
+            hold = lease.state.hold
+            owner = hold.provider if isinstance(hold, Hold) else self
+            vouching = owner if isinstance(owner, ZooKeeperProvider) else self
+            vouching._reporting(key, vouching._vouch, lease)
+        return lease
+
+    def _vouch(self, lease: Lease) -> None:
+        """Give a lease being handed out the session's state now. Its last reply may have
+        come just before the connection dropped, and the state listener flags only the
+        holds it can see: a grant it missed would pass `check()` while in doubt, or
+        outlive the session its node died with."""
+        hold = lease.state.hold
+        assert isinstance(hold, Hold)
+        with self._state_lock:
+            born_in = self._born_in.pop(hold.anchor.token, None)  # first levels only
+            expired = born_in is not None and born_in != self._session()
+            if not expired:
+                lease.state.suspended = self._in_doubt
+                return
+        node = self._nodes.pop(hold.anchor.token, None)
+        if node is not None:  # gone with its session; if not, it must not outlive this
+            self._leave(node.rsplit("/", 1)[0], hold.anchor.token)
+        lease.state.mark_lost("the ZooKeeper session expired before it was handed out")
+        self._forget(hold)
+        raise self._unavailable(SessionExpiredError("the session expired"), key=lease.key)
+
+    def _session(self) -> int | None:
+        """The session's id, kept while SUSPENDED (`client_id` is None then), None
+        between sessions."""
+        session_id: int | None = self.client._session_id
+        return session_id
+
     # -- the algorithm ------------------------------------------------------------------
 
     def _parent(self, key: str) -> str:
@@ -239,10 +303,13 @@ class ZooKeeperProvider(ProviderBase):
         self, key: str, owner: str, token: str, ttl: float, deadline: float | None
     ) -> Grant | None:
         self._connect()
+        parent = self._parent(key)
         if self._leftovers:  # a node of a lost reply would make this owner wait on itself
             self._clean_leftovers()
-        parent = self._parent(key)
+            if any(left == parent for left, _ in self._leftovers):  # still there, maybe
+                raise self._unavailable(ConnectionLoss("a node of ours is left to delete"))
         sent_at = time.monotonic()
+        session = self._session()
         node, fence, children = self._create_node(parent, key, owner, token)
         try:
             granted = self._wait_turn(parent, node, deadline, children)
@@ -255,6 +322,7 @@ class ZooKeeperProvider(ProviderBase):
             self._delete_node(parent, node, token)
             return None
         self._nodes[token] = node
+        self._born_in[token] = session
         return Grant(token, fence, 1, sent_at)
 
     def _create_node(
@@ -277,10 +345,16 @@ class ZooKeeperProvider(ProviderBase):
                 except NoNodeError:
                     self._create_parent(parent)
                     continue
-                except (KazooTimeoutError, ConnectionLoss):
-                    self._leftovers.add((parent, token))
+                except _UNAVAILABLE:
+                    self._leave(parent, token)  # it may have run
                     raise
-                children: list[str] = self._get(listed)
+                try:
+                    children: list[str] = self._get(listed)
+                except BaseException:
+                    # it did run (a member died between the two replies): unknown to the
+                    # caller, our node would hold the lock for as long as the session lives
+                    self._leave(parent, token)
+                    raise
             return path, int(stat.czxid), children
         raise self._unavailable(NoNodeError(f"{parent} keeps disappearing"), key=key)
 
@@ -354,8 +428,19 @@ class ZooKeeperProvider(ProviderBase):
                     return False
             return True
         except BackendUnavailable:
-            self._leftovers.add((parent, token))
+            self._leave(parent, token)
             raise
+
+    def _leave(self, parent: str, token: str) -> None:
+        """Remember a node of ours that must go once ZooKeeper answers. If the connection
+        is back already (its listener ran before this and found nothing to clean), clean
+        now, in the background: a node left in a live session holds the lock for as long
+        as the session lives, with nobody to release it."""
+        with self._state_lock:
+            self._leftovers.add((parent, token))
+            back = not self._in_doubt
+        if back:
+            threading.Thread(target=self._clean_leftovers, daemon=True).start()
 
     def _clean_leftovers(self) -> None:
         for parent, token in list(self._leftovers):
@@ -376,6 +461,7 @@ class ZooKeeperProvider(ProviderBase):
     # -- the primitives the base class builds on ---------------------------------------
 
     def _release(self, lease: Lease) -> bool:
+        self._born_in.pop(lease.token, None)
         node = self._nodes.pop(lease.token, None)
         if node is None:
             return False
