@@ -43,7 +43,7 @@ from kazoo.retry import KazooRetry
 from kazoo.security import OPEN_ACL_UNSAFE
 
 from locks.base import Grant, ProviderBase
-from locks.errors import BackendError, BackendUnavailable
+from locks.errors import BackendError, BackendUnavailable, LockError
 from locks.forking import start_afresh_when_forked
 from locks.holds import Hold
 from locks.names import check_seconds, check_zookeeper_path, zookeeper_node_name
@@ -149,6 +149,8 @@ class ZooKeeperProvider(ProviderBase):
         # the listener's view of the session, and the lock that orders it with new grants
         self._state_lock = threading.Lock()
         self._in_doubt = False
+        self._connections = 0  # times the session was connected (again)
+        self._cleaning = False  # a background cleaner is running (one at most)
         # creates whose outcome is unknown and deletes that failed: (parent, token) pairs
         # whose nodes must go once ZooKeeper answers again, or they would hold the lock
         # for as long as this session lives
@@ -210,7 +212,9 @@ class ZooKeeperProvider(ProviderBase):
                 for hold in held:
                     for level in hold.levels:
                         level.state.suspended = self._in_doubt
-            clean = state == KazooState.CONNECTED and bool(self._leftovers)
+            if state == KazooState.CONNECTED:
+                self._connections += 1
+            clean = self._start_cleaner()
         if state == KazooState.CONNECTED:
             self._connected_once = True
         if state == KazooState.SUSPENDED:
@@ -224,7 +228,7 @@ class ZooKeeperProvider(ProviderBase):
         else:
             self._suspended_since = None
         if clean:
-            threading.Thread(target=self._clean_leftovers, daemon=True).start()
+            threading.Thread(target=self._clean_in_background, daemon=True).start()
         elif state == KazooState.LOST and held:
             reason = "the ZooKeeper session expired"
             threading.Thread(target=self._lose_all, args=(held, reason), daemon=True).start()
@@ -438,9 +442,32 @@ class ZooKeeperProvider(ProviderBase):
         as the session lives, with nobody to release it."""
         with self._state_lock:
             self._leftovers.add((parent, token))
-            back = not self._in_doubt
-        if back:
-            threading.Thread(target=self._clean_leftovers, daemon=True).start()
+            clean = self._start_cleaner()
+        if clean:
+            threading.Thread(target=self._clean_in_background, daemon=True).start()
+
+    def _start_cleaner(self) -> bool:
+        """Whether to start the background cleaner now (under `_state_lock`): connected,
+        nodes left, and none running (one per failed call would flood the connection)."""
+        start = not self._in_doubt and bool(self._leftovers) and not self._cleaning
+        self._cleaning = self._cleaning or start
+        return start
+
+    def _clean_in_background(self) -> None:
+        """Pass over the nodes left while each pass gets somewhere; when ZooKeeper stops
+        answering, the next reconnection (or acquire) takes over."""
+        while True:
+            connections, before = self._connections, set(self._leftovers)
+            try:
+                self._clean_leftovers()
+                refused = False
+            except LockError:  # an answer other than "unavailable": leave it to a caller
+                refused = True
+            with self._state_lock:
+                stuck = bool(before & self._leftovers) and connections == self._connections
+                if refused or stuck or self._in_doubt or not self._leftovers:
+                    self._cleaning = False
+                    return
 
     def _clean_leftovers(self) -> None:
         for parent, token in list(self._leftovers):
