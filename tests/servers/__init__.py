@@ -15,9 +15,9 @@ import socket
 import subprocess
 import tempfile
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, Protocol, TypeVar
 
 import pytest
 
@@ -41,7 +41,15 @@ def require_binary(name: str, *candidates: str) -> str:
     pytest.fail(f"{name} is not installed; install it with: {INSTALL_HINT}", pytrace=False)
 
 
-S = TypeVar("S", bound="ServerProcess")
+class Managed(Protocol):
+    """A server or a topology of them, as the session fixtures handle it."""
+
+    def start(self) -> None: ...
+    def stop(self) -> None: ...
+    def ensure_running(self) -> None: ...
+
+
+S = TypeVar("S", bound=Managed)
 
 
 class ServerProcess:
@@ -302,13 +310,17 @@ def sqlite_file(server_dir: Path) -> SQLiteFile:
     return SQLiteFile(server_dir / "locks.sqlite")
 
 
-def _session_server(cls: type[S], server_dir: Path) -> Iterator[S]:
-    workdir = server_dir / cls.name
+def _session_server(cls: Callable[[Path], S], name: str, server_dir: Path) -> Iterator[S]:
+    """`cls` started in a work dir of its own for the session; stopped at its end, or
+    as soon as its start fails, so that no process outlives the run."""
+    workdir = server_dir / name
     workdir.mkdir()
     server = cls(workdir)
-    server.start()
-    yield server
-    server.stop()
+    try:
+        server.start()
+        yield server
+    finally:
+        server.stop()
 
 
 def _running(server: S) -> Iterator[S]:
@@ -321,7 +333,7 @@ def _running(server: S) -> Iterator[S]:
 
 @pytest.fixture(scope="session")
 def redis_session(server_dir: Path) -> Iterator[RedisServer]:
-    yield from _session_server(RedisServer, server_dir)
+    yield from _session_server(RedisServer, RedisServer.name, server_dir)
 
 
 @pytest.fixture
@@ -331,7 +343,7 @@ def redis_server(redis_session: RedisServer) -> Iterator[RedisServer]:
 
 @pytest.fixture(scope="session")
 def zookeeper_session(server_dir: Path) -> Iterator[ZooKeeperServer]:
-    yield from _session_server(ZooKeeperServer, server_dir)
+    yield from _session_server(ZooKeeperServer, ZooKeeperServer.name, server_dir)
 
 
 @pytest.fixture
@@ -341,7 +353,7 @@ def zookeeper_server(zookeeper_session: ZooKeeperServer) -> Iterator[ZooKeeperSe
 
 @pytest.fixture(scope="session")
 def mariadb_session(server_dir: Path) -> Iterator[MariaDBServer]:
-    yield from _session_server(MariaDBServer, server_dir)
+    yield from _session_server(MariaDBServer, MariaDBServer.name, server_dir)
 
 
 @pytest.fixture

@@ -25,7 +25,7 @@ from typing import Any
 import pymysql  # type: ignore[import-untyped]  # no stubs in the dev extra
 import pytest
 
-from tests.servers import MariaDBServer
+from tests.servers import MariaDBServer, _running, _session_server
 
 REPLICATION_USER = "repl"
 REPLICATION_PASSWORD = "repl-test-pw"
@@ -148,6 +148,8 @@ class MariaDBPair:
             self.replica.query("SET GLOBAL read_only = 1")
         self.wait_caught_up()
 
+    ensure_running = restore  # what the session fixtures call
+
     def resync(self) -> None:
         """Rebuild the replica's copy from nothing: drop the `locks` database (unlogged),
         forget its position and replay the primary's binlog from the start."""
@@ -260,17 +262,10 @@ class MariaDBPair:
 @pytest.fixture(scope="session")
 def mariadb_pair_session(server_dir: Path) -> Iterator[MariaDBPair]:
     """Started the first time a test asks for it, stopped at the end of the session."""
-    pair = MariaDBPair(server_dir / "mariadb-pair")
-    try:
-        pair.start()
-        yield pair
-    finally:
-        pair.stop()
+    yield from _session_server(MariaDBPair, "mariadb-pair", server_dir)
 
 
 @pytest.fixture
 def mariadb_pair(mariadb_pair_session: MariaDBPair) -> Iterator[MariaDBPair]:
     """The pair as it starts, before and after the test, whatever the test did."""
-    mariadb_pair_session.restore()
-    yield mariadb_pair_session
-    mariadb_pair_session.restore()
+    yield from _running(mariadb_pair_session)

@@ -18,7 +18,14 @@ import redis
 from redis.crc import key_slot
 
 from tests.ports import free_port
-from tests.servers import RedisServer, ServerProcess, _answers, require_binary
+from tests.servers import (
+    RedisServer,
+    ServerProcess,
+    _answers,
+    _running,
+    _session_server,
+    require_binary,
+)
 
 # Sentinel: a primary is declared down after this long without an answer
 DOWN_AFTER_MS = 500
@@ -248,6 +255,8 @@ class SentinelTopology:
         for process in [*self.sentinels, *self.nodes]:
             process.stop()
 
+    ensure_running = ensure_healthy  # what the session fixtures call
+
 
 class ClusterTopology:
     """Three primaries, each with one replica (six nodes), all 16384 slots covered."""
@@ -353,36 +362,24 @@ class ClusterTopology:
         for node in self.nodes:
             node.stop()
 
+    ensure_running = ensure_healthy  # what the session fixtures call
+
 
 @pytest.fixture(scope="session")
 def sentinel_session(server_dir: Path) -> Iterator[SentinelTopology]:
-    topology = SentinelTopology(server_dir / "sentinel")
-    try:
-        topology.start()
-        yield topology
-    finally:  # a topology that failed to start leaves no process behind either
-        topology.stop()
+    yield from _session_server(SentinelTopology, "sentinel", server_dir)
 
 
 @pytest.fixture
 def sentinel_topology(sentinel_session: SentinelTopology) -> Iterator[SentinelTopology]:
-    sentinel_session.ensure_healthy()
-    yield sentinel_session
-    sentinel_session.ensure_healthy()
+    yield from _running(sentinel_session)
 
 
 @pytest.fixture(scope="session")
 def cluster_session(server_dir: Path) -> Iterator[ClusterTopology]:
-    topology = ClusterTopology(server_dir / "cluster")
-    try:
-        topology.start()
-        yield topology
-    finally:  # a topology that failed to start leaves no process behind either
-        topology.stop()
+    yield from _session_server(ClusterTopology, "cluster", server_dir)
 
 
 @pytest.fixture
 def cluster_topology(cluster_session: ClusterTopology) -> Iterator[ClusterTopology]:
-    cluster_session.ensure_healthy()
-    yield cluster_session
-    cluster_session.ensure_healthy()
+    yield from _running(cluster_session)

@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 
 from tests.ports import free_port
-from tests.servers import ZooKeeperServer
+from tests.servers import ZooKeeperServer, _running, _session_server
 
 SERVING = ("leader", "follower")
 
@@ -191,14 +191,7 @@ def _ports(count: int, taken: set[int]) -> list[int]:
 @pytest.fixture(scope="session")
 def zookeeper_ensemble_session(server_dir: Path) -> Iterator[ZooKeeperEnsemble]:
     """Started on first use only: three JVMs are not for runs that never ask for them."""
-    workdir = server_dir / "zookeeper-ensemble"
-    workdir.mkdir()
-    ensemble = ZooKeeperEnsemble(workdir)
-    try:
-        ensemble.start()
-        yield ensemble
-    finally:
-        ensemble.stop()
+    yield from _session_server(ZooKeeperEnsemble, "zookeeper-ensemble", server_dir)
 
 
 @pytest.fixture
@@ -207,6 +200,4 @@ def zookeeper_ensemble(
 ) -> Iterator[ZooKeeperEnsemble]:
     """The session's ensemble, all three serving under a leader when a test starts and
     again after it, whatever the test killed or paused."""
-    zookeeper_ensemble_session.ensure_running()
-    yield zookeeper_ensemble_session
-    zookeeper_ensemble_session.ensure_running()
+    yield from _running(zookeeper_ensemble_session)
