@@ -98,6 +98,30 @@ TOPOLOGY_BACKENDS: dict[str, dict[str, Any]] = {
 # -- what the files say -------------------------------------------------------------------
 
 
+def start_servers(
+    args: list[str],
+    env: dict[str, str],
+    servers_dir: Path,
+    ports: dict[str, int],
+    pids: dict[str, int],
+) -> subprocess.CompletedProcess[str]:
+    """`scripts/servers start ARGS`, checked: each server in `ports` said it started on its
+    port. The pid of whatever started is put in `pids` first, so a caller stops it even
+    when the start failed."""
+    done = subprocess.run(
+        [str(SCRIPT), "start", *args], env=env, check=False, capture_output=True, text=True,
+        timeout=90,
+    )  # fmt: skip
+    for name in ports:
+        pid_file = servers_dir / f"{name}.pid"
+        if pid_file.exists():
+            pids[name] = int(pid_file.read_text())
+    assert done.returncode == 0, done.stdout + done.stderr
+    for name, port in ports.items():
+        assert f"{name}: started on 127.0.0.1:{port}" in done.stdout, done.stdout
+    return done
+
+
 def toml_addresses() -> dict[str, tuple[str, int]]:
     """Backend name in compose/locks.toml -> (host, port) it connects to."""
     backends = tomllib.loads(TOML.read_text())["backends"]
@@ -417,21 +441,7 @@ def servers() -> Iterator[Servers]:
             env[SERVERS[name][2]] = str(port)
         pids: dict[str, int] = {}
         try:
-            done = subprocess.run(
-                [str(SCRIPT), "start"],
-                env=env,
-                check=False,
-                capture_output=True,
-                text=True,
-                timeout=90,
-            )
-            for name in SERVERS:  # whatever started, so that it is stopped below
-                pid_file = servers_dir / f"{name}.pid"
-                if pid_file.exists():
-                    pids[name] = int(pid_file.read_text())
-            assert done.returncode == 0, done.stdout + done.stderr
-            for name, port in ports.items():
-                assert f"{name}: started on 127.0.0.1:{port}" in done.stdout, done.stdout
+            start_servers([], env, servers_dir, ports, pids)
             yield Servers(servers_dir, env, ports)
         finally:
             subprocess.run(
@@ -655,21 +665,7 @@ def started(topology: str) -> Iterator[Topology]:
         ports = {name: values[var] for name, (var, _) in servers.items()}
         pids: dict[str, int] = {}
         try:
-            done = subprocess.run(
-                [str(SCRIPT), "start", topology],
-                env=env,
-                check=False,
-                capture_output=True,
-                text=True,
-                timeout=90,
-            )
-            for name in servers:  # whatever started, so that it is stopped below
-                pid_file = servers_dir / f"{name}.pid"
-                if pid_file.exists():
-                    pids[name] = int(pid_file.read_text())
-            assert done.returncode == 0, done.stdout + done.stderr
-            for name, port in ports.items():
-                assert f"{name}: started on 127.0.0.1:{port}" in done.stdout, done.stdout
+            done = start_servers([topology], env, servers_dir, ports, pids)
             assert f"\n{topology}: ready (" in done.stdout, done.stdout
             yield Topology(topology, servers_dir, env, ports, [values[v] for v in extra], pids)
         finally:
