@@ -13,6 +13,8 @@ import os
 import random
 import secrets
 import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 _process_id = secrets.token_hex(16)
 _owner_prefix = _process_id + ":"
@@ -44,6 +46,18 @@ def current_owner() -> str:
         owner = f"{_owner_prefix}{next(_serials)}"
         _local.owner = owner
     return owner
+
+
+@contextmanager
+def acting_for(owner: str) -> Iterator[None]:
+    """Run the block as `owner`: a quorum asks its members on pool threads on behalf of
+    the thread that called it, whose leases (and reentrancy) they must be."""
+    previous = getattr(_local, "owner", None)
+    _local.owner = owner
+    try:
+        yield
+    finally:
+        _local.owner = previous
 
 
 def in_this_process(owner: str) -> bool:

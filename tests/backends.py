@@ -19,11 +19,16 @@ from locks.backends import (
 from locks.base import ProviderBase
 from locks.names import redis_hash_tag
 from locks.provider import Capabilities
+from locks.quorum import Quorum
 from tests.ports import free_port
 
 # a chain joins the contract suite as Redis (reentrant hash) over MariaDB: the
 # intersection of their capabilities is what the chain promises
 CHAIN_CAPABILITIES = RedisHashProvider.capabilities & DatabaseProvider.capabilities
+# a quorum joins it over five independent redis-servers (reentrant hash members): fenced
+# by raising each member's fence floor
+QUORUM_CAPABILITIES = Capabilities(reentrant=True, expires=True, renewable=True, fair=False,
+                                   fenced=True, cross_process=True, cross_host=True)  # fmt: skip
 
 CLASSES: dict[str, type[ProviderBase]] = {
     "local": LocalProvider,
@@ -49,6 +54,7 @@ SERVERS: dict[str, tuple[str, ...]] = {
     "chain": ("redis_server", "mariadb_server"),
     "redis-sentinel": ("sentinel_topology",),
     "redis-cluster": ("cluster_topology",),
+    "quorum": ("redis_masters",),
 }
 
 # an address of each kind where nobody listens, given a free port
@@ -61,11 +67,16 @@ DEAD_ADDRESS = {
     "chain": "redis://127.0.0.1:{port}/0|mysql+pymysql://locks:pw@127.0.0.1:{port}/locks",
     "redis-sentinel": "redis+sentinel://127.0.0.1:{port}/locks/0",
     "redis-cluster": "redis+cluster://127.0.0.1:{port}",
+    "quorum": "|".join(["redis://127.0.0.1:{port}/0"] * 3),
 }
 
 
 def capabilities_of(kind: str) -> Capabilities:
-    return CHAIN_CAPABILITIES if kind == "chain" else CLASSES[kind].capabilities
+    if kind == "chain":
+        return CHAIN_CAPABILITIES
+    if kind == "quorum":
+        return QUORUM_CAPABILITIES
+    return CLASSES[kind].capabilities
 
 
 def kinds(*, topologies: bool = True, **required: bool) -> list[str]:
@@ -91,6 +102,11 @@ def make_provider(kind: str, address: str | None, **options: Any) -> LockProvide
             ],
             name="chain",
         )
+    if kind == "quorum":
+        watchdog_ttl = options.pop("watchdog_ttl", 30.0)
+        urls = (address or "").split("|")
+        members = [RedisHashProvider(url, name=f"r{i}", **options) for i, url in enumerate(urls)]
+        return Quorum(members, name="quorum", watchdog_ttl=watchdog_ttl)
     cls = CLASSES[kind]
     if address is None:
         return cls(**options)
@@ -126,10 +142,12 @@ class Backend:
     def delete_behind_back(self, key: str) -> None:
         """Remove a lock the way an operator or a failover would, without its owner."""
         assert self.address is not None, f"{self.kind} has no server to delete from"
-        if self.kind.startswith("redis") or self.kind == "chain":
-            provider = RedisProvider(self.address.split("|")[0])
-            provider.client.delete(f"locks:{{{redis_hash_tag(key)}}}")
-            provider.close()
+        if self.kind.startswith("redis") or self.kind in ("chain", "quorum"):
+            urls = self.address.split("|")
+            for url in urls if self.kind == "quorum" else urls[:1]:  # a quorum: every member
+                provider = RedisProvider(url)
+                provider.client.delete(f"locks:{{{redis_hash_tag(key)}}}")
+                provider.close()
         elif self.kind in ("mariadb", "sqlite"):
             engine = sa.create_engine(self.address)
             with engine.begin() as conn:
@@ -141,5 +159,7 @@ class Backend:
     def close(self) -> None:
         for provider in self.made:
             provider.close()
-            for tier in getattr(provider, "tiers", {}).values():  # a chain's own tiers
-                tier.close()
+            # a chain's own tiers, a quorum's own members
+            for part in [*getattr(provider, "tiers", {}).values(),
+                         *getattr(provider, "members", {}).values()]:  # fmt: skip
+                part.close()

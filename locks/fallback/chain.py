@@ -46,6 +46,7 @@ from locks.fallback.outages import WATCH_EVERY, Outages
 from locks.fallback.switch import Switch
 from locks.names import check_acquire, check_name, check_seconds
 from locks.owner import current_owner
+from locks.pending import Pending, PendingReleases
 from locks.provider import Capabilities, Holder, Lease, Lock, LockProvider, LostCallback
 
 logger = logging.getLogger("locks")
@@ -79,17 +80,6 @@ class _Request:
 
     def on(self, provider: LockProvider) -> Lease | None:
         return provider.acquire(self.key, ttl=self.ttl, wait=self.remaining(), on_lost=self.on_lost)
-
-
-@dataclass(frozen=True)
-class _Pending:
-    """A release that waits for its tier to answer: a lease, or a token whose acquire
-    had an unknown outcome."""
-
-    lease: Lease | None = None
-    key: str = ""
-    owner: str = ""
-    token: str = ""
 
 
 class _Again(Exception):
@@ -164,7 +154,7 @@ class FallbackChain:
         self._outages = Outages()
         self._watcher: threading.Thread | None = None  # safe mode: looks at failed tiers
         self._closed = threading.Event()
-        self._pending: dict[str, list[_Pending]] = {}
+        self._pending = PendingReleases()
 
     def __repr__(self) -> str:
         return f"FallbackChain({self.order}, name={self.name!r}, mode={self.mode!r})"
@@ -291,8 +281,8 @@ class FallbackChain:
                 if error.ambiguous and error.token:
                     # the lock may have been taken: release that token once the tier answers
                     self.counts["ambiguous"] += 1
-                    pending = _Pending(key=request.key, owner=request.owner, token=error.token)
-                    self._queue(tier, pending)
+                    pending = Pending(key=request.key, owner=request.owner, token=error.token)
+                    self._pending.queue(tier, pending)
                 raise
 
         try:
@@ -402,8 +392,7 @@ class FallbackChain:
         if self._outages.saw_up(tier):
             self.counts["recovered"] += 1
             emit(EventKind.RECOVERED, tier, "")
-        if self._pending.get(tier):  # releases that waited for it to answer
-            threading.Thread(target=self._flush, args=(tier,), daemon=True).start()
+        self._pending.answered(self.tiers[tier])  # releases that waited for it to answer
 
     def _breaker_changed(self, tier: str, old: BreakerState, new: BreakerState) -> None:
         emit(EventKind.BREAKER, tier, "", detail=f"{old} -> {new}")
@@ -431,41 +420,16 @@ class FallbackChain:
         except BackendUnavailable as error:
             self._failed(provider.name)
             self.counts["release_queued"] += 1
-            self._queue(provider.name, _Pending(lease=lease))
+            self._pending.queue(provider.name, Pending(lease=lease))
             emit(EventKind.RELEASE_QUEUED, provider.name, lease.key, lease, error=error)
 
     def _release_quietly(self, lease: Lease) -> None:
         with contextlib.suppress(LockNotOwned):
             self._release_or_queue(self.tiers[lease.backend], lease)
 
-    def _queue(self, tier: str, pending: _Pending) -> None:
-        with self._lock:
-            self._pending.setdefault(tier, []).append(pending)
-
     def pending(self, tier: str) -> int:
         """How many releases wait for `tier` to answer."""
-        with self._lock:
-            return len(self._pending.get(tier, ()))
-
-    def _flush(self, tier: str) -> None:
-        """Send the releases that waited for `tier`; those that fail again stay queued."""
-        with self._lock:
-            batch, self._pending[tier] = self._pending.get(tier, []), []
-        provider = self.tiers[tier]
-        for index, item in enumerate(batch):
-            try:
-                if item.lease is not None:
-                    provider.release(item.lease)
-                else:
-                    release_token = getattr(provider, "release_token", None)
-                    if release_token is not None:
-                        release_token(item.key, item.owner, item.token)
-            except LockNotOwned:
-                continue  # it expired meanwhile: nothing left to release
-            except BackendUnavailable:
-                with self._lock:
-                    self._pending[tier][:0] = batch[index:]
-                return
+        return self._pending.count(tier)
 
     def extend(self, lease: Lease, ttl: float | None = None) -> Lease:
         return self._tier_of(lease).extend(lease, ttl)

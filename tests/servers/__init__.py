@@ -28,6 +28,7 @@ pytest_plugins = [
     "tests.servers.redis_topologies",
     "tests.servers.zookeeper_ensemble",
     "tests.servers.mariadb_replica",
+    "tests.servers.redis_masters",
 ]
 
 INSTALL_HINT = "apt-get install -y redis-server zookeeper mariadb-server (or run `make test`)"

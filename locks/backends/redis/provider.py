@@ -119,6 +119,7 @@ class _RedisProviderBase(ProviderBase):
         self._release_script = Script(self.release_lua)
         self._extend_script = Script(self.extend_lua)
         self._holder_script = Script(scripts.READ_HOLDER)
+        self._raise_fence_script = Script(scripts.RAISE_FENCE)
 
     @property
     def client(self) -> Client:
@@ -236,11 +237,27 @@ class _RedisProviderBase(ProviderBase):
             reply, acks = self._call(self._extend_script, [self._keys(lease.key).lock], args)
             if reply != 1:
                 return False
-            if acks is not None and self._sync is not None and not self._sync.enough(acks):
-                if isinstance(acks, Exception):
-                    raise acks
-                raise _NotReplicated(f"renewal not replicated: {self._sync.shortfall(acks)}")
+            self._require_replicas(acks, "renewal")
         return True
+
+    def _require_replicas(self, acks: Any, what: str) -> None:
+        """Raise unless the replicas acknowledged the write `acks` answers for."""
+        if acks is not None and self._sync is not None and not self._sync.enough(acks):
+            if isinstance(acks, Exception):  # e.g. WAITAOF on a server that lacks it
+                raise acks
+            raise _NotReplicated(f"{what} not replicated: {self._sync.shortfall(acks)}")
+
+    def raise_fence(self, key: str, floor: int) -> None:
+        """Make every later grant of `key` carry a fence above `floor` (a quorum keeps its
+        fences increasing this way). With `sync_replicas`, a floor the replicas did not
+        acknowledge is an outage: a promoted replica would not have it."""
+        key = check_name(key)
+        if isinstance(floor, bool) or not isinstance(floor, int) or not 0 <= floor < 2**53:
+            raise ValueError(f"floor must be an int from 0 to 2**53, got {floor!r}")
+        fence_key = self._keys(key).fence
+        with self._translated():
+            _, acks = self._call(self._raise_fence_script, [fence_key], [floor, self.fence_ttl_ms])
+            self._require_replicas(acks, "fence floor")
 
     def _holder(self, key: str) -> Holder | None:
         """Either type's holder: a lock of the other type excludes this one too."""

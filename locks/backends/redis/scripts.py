@@ -130,6 +130,18 @@ end
 return 0
 """
 
+# A quorum's fence floor: every later grant of this lock counts on from at least `floor`
+# (a counter that is missing gets it, with the fence ttl; one that is higher keeps its
+# value). Fences stay below 2^53, so Lua's numbers compare them exactly.
+# KEYS: fence.  ARGV: floor, fence ttl ms.
+RAISE_FENCE = """
+local current = tonumber(redis.call('GET', KEYS[1]) or '0')
+if current < tonumber(ARGV[1]) then
+  redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
+end
+return 1
+"""
+
 # Who holds a lock of either type, in one snapshot (for operators).
 # KEYS: lock, fence.  Returns {type, pttl, fence or false, value or fields}, or {type}.
 READ_HOLDER = """

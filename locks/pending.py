@@ -1,0 +1,62 @@
+"""Releases that wait for a backend to answer again: a chain's tier or a quorum's member
+that was down when a lease was released, or when an acquire's outcome was unknown (its
+lock may have been taken under a token nobody holds). Each is sent once the backend
+answers anything; a release that fails again stays queued."""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass
+
+from locks.errors import BackendUnavailable, LockNotOwned
+from locks.provider import Lease, LockProvider
+
+
+@dataclass(frozen=True)
+class Pending:
+    """A lease to release, or a token whose acquire had an unknown outcome."""
+
+    lease: Lease | None = None
+    key: str = ""
+    owner: str = ""
+    token: str = ""
+
+
+class PendingReleases:
+    """The queues, one per backend name."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._queues: dict[str, list[Pending]] = {}
+
+    def queue(self, backend: str, item: Pending) -> None:
+        with self._lock:
+            self._queues.setdefault(backend, []).append(item)
+
+    def count(self, backend: str) -> int:
+        with self._lock:
+            return len(self._queues.get(backend, ()))
+
+    def answered(self, provider: LockProvider) -> None:
+        """`provider` answered: send what waits for it, on a thread of its own (the
+        caller is on a lock's hot path). No lock taken when nothing waits."""
+        if self._queues.get(provider.name):
+            threading.Thread(target=self.flush, args=(provider,), daemon=True).start()
+
+    def flush(self, provider: LockProvider) -> None:
+        with self._lock:
+            batch, self._queues[provider.name] = self._queues.get(provider.name, []), []
+        for index, item in enumerate(batch):
+            try:
+                if item.lease is not None:
+                    provider.release(item.lease)
+                else:
+                    release_token = getattr(provider, "release_token", None)
+                    if release_token is not None:
+                        release_token(item.key, item.owner, item.token)
+            except LockNotOwned:
+                continue  # it expired meanwhile: nothing left to release
+            except BackendUnavailable:
+                with self._lock:
+                    self._queues[provider.name][:0] = batch[index:]
+                return

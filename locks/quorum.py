@@ -1,0 +1,644 @@
+"""Quorum: one lock over independent members — RedLock (seed 004's `RedissonRedLock`)
+generalised to any of our providers: five Redis masters, or Redis + ZooKeeper + a
+database. It composes providers as the chain does and imports no backend.
+
+Acquire asks every member at once, each for a fixed lease of the quorum's ttl on behalf
+of the caller. The grant stands when at least `quorum` members granted and its validity
+is still ahead: the time until which `quorum` of them hold it (the quorum-th latest
+member expiry, each counted from when its own request was sent, so a slow round is
+charged), less the drift allowance. Otherwise every member's grant is undone. Members
+say "no" for contention and "unavailable" apart: with more than n - quorum unavailable
+no round can win, and the acquire raises `BackendUnavailable` so a chain moves past.
+
+Why it excludes: two leases valid at once would need two sets of `quorum` members, each
+holding the key for a different owner at the same instant; with quorum > n/2 the sets
+share a member, which grants one owner at a time. This rests on members keeping their
+grants until they expire (a member restarted empty forgets them: at most n - quorum may,
+docs/quorum.md) and on every member's clock running at our rate within `drift`.
+
+Split votes: a round that got some members but not enough pauses for a random time
+below `retry` before the next, so contenders stop colliding; a round that got none
+waits in its members (pub/sub on Redis) for the holder's release, so a hand-off costs a
+notification, not a poll.
+
+Fences (docs/quorum.md, "Fences"): the quorum's fence F is the highest its granting
+members returned. Before the lease is returned, F becomes the fence floor of the key on
+enough members (`raise_fence`) that every later majority includes one of them: that
+member's next fence exceeds F, so the next quorum fence does too. ZooKeeper's czxid and
+a database row's fence cannot be raised; a quorum whose members could leave no such
+set while n - quorum of them are down is not fenced (its fences are 0).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import random
+import threading
+import time
+import zlib
+from collections.abc import Callable, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Protocol, TypeVar, runtime_checkable
+
+from locks.errors import BackendUnavailable, LockError, LockNotOwned
+from locks.events import EventKind, emit
+from locks.forking import start_afresh_when_forked
+from locks.names import check_acquire, check_name, check_seconds, check_ttl
+from locks.owner import acting_for, current_owner, in_this_process, new_token
+from locks.pending import Pending, PendingReleases
+from locks.provider import Capabilities, Holder, Lease, LeaseState, Lock, LockProvider, LostCallback
+from locks.watchdog import Watchdog, mark_lost
+
+R = TypeVar("R")
+
+_MAX_WORKERS = 256  # member calls in flight across all callers (waiting rounds park here)
+
+
+@runtime_checkable
+class RaisesFence(Protocol):
+    """A member whose fence counter can be raised: every later grant of `key` on it
+    carries a fence above `floor`."""
+
+    def raise_fence(self, key: str, floor: int) -> None: ...
+
+
+def majority(members: int) -> int:
+    return members // 2 + 1
+
+
+def fenced_by_raising(members: Sequence[LockProvider], quorum: int) -> bool:
+    """Whether fences can be kept through any n - quorum members down: the raisable
+    members still up must be able to hold the floor on n - quorum + 1 of them, so that
+    every later majority includes one."""
+    n = len(members)
+    raisable = sum(isinstance(m, RaisesFence) and m.capabilities.fenced for m in members)
+    return raisable - (n - quorum) >= n - quorum + 1
+
+
+@dataclass(eq=False)
+class _Grant:
+    """The quorum's record of one grant: the member leases it stands on. It is the
+    lease's `state.hold`, and what the quorum's watchdog renews."""
+
+    quorum: Quorum
+    key: str
+    owner: str
+    ttl: float  # the members' lease length
+    leases: dict[str, Lease]  # member name -> its lease
+    lease: Lease | None = None  # the quorum's lease, once made
+    lock: threading.Lock = field(default_factory=threading.Lock)
+    failures: dict[str, LockError] = field(default_factory=dict)  # the last renewal's
+
+    @property
+    def provider(self) -> Quorum:
+        return self.quorum
+
+    def renew(self) -> float | None:
+        return self.quorum._renew(self)
+
+    def expire(self, now: float) -> float | None:
+        lease = self.lease
+        if lease is None or lease.state.lost or lease.state.ended:
+            return None
+        until = lease.state.valid_until
+        if until is not None and until <= now:
+            mark_lost(lease, "its renewal did not come back before its validity ran out")
+            return None
+        return until
+
+
+@dataclass(frozen=True)
+class _Request:
+    """One acquire, as its rounds ask for it."""
+
+    key: str
+    owner: str
+    ttl: float  # the members' lease length
+    auto: bool  # renewed by the quorum's watchdog
+    on_lost: LostCallback | None
+    deadline: float | None
+
+    def remaining(self) -> float | None:
+        return None if self.deadline is None else max(0.0, self.deadline - time.monotonic())
+
+
+@dataclass
+class _Votes:
+    """What one round got from the members."""
+
+    granted: dict[str, Lease] = field(default_factory=dict)
+    contended: list[str] = field(default_factory=list)  # answered "held by another owner"
+    failed: dict[str, LockError] = field(default_factory=dict)  # unavailable or erring
+
+
+class Quorum:
+    """A `LockProvider` over independent members, granting on a quorum of them."""
+
+    type_name = "quorum"
+
+    def __init__(
+        self,
+        members: Sequence[LockProvider],
+        *,
+        name: str = "quorum",
+        quorum: int | None = None,
+        drift: float = 0.01,
+        retry: float = 0.1,
+        watchdog_ttl: float = 30.0,
+    ) -> None:
+        """`drift`: the clock-drift allowance, a fraction of the ttl (plus 2 ms) taken
+        off every validity. `retry`: the longest random pause after a split vote, and
+        how long a round waits in its members for a release."""
+        self.name = check_name(name, "name")
+        members = list(members)
+        if not members:
+            raise ValueError("members must name at least one provider")
+        names = [member.name for member in members]
+        if len(set(names)) != len(names):
+            raise ValueError(f"member names must be unique, got {names}")
+        for member in members:
+            if not member.capabilities.cross_host:
+                raise ValueError(
+                    f"member {member.name!r} is not shared across hosts: a quorum of "
+                    "in-process locks excludes nobody on another host"
+                )
+        n = len(members)
+        if quorum is None:
+            quorum = majority(n)
+        if isinstance(quorum, bool) or not isinstance(quorum, int):
+            raise TypeError(f"quorum must be an int, not {type(quorum).__name__}")
+        if not majority(n) <= quorum <= n:
+            raise ValueError(
+                f"quorum must be from {majority(n)} (a majority of {n} members) to {n}, "
+                f"got {quorum}: two smaller quorums could grant one key to two owners"
+            )
+        if isinstance(drift, bool) or not isinstance(drift, (int, float)) or not 0 <= drift < 0.5:
+            raise ValueError(f"drift must be a fraction of the ttl from 0 to 0.5, got {drift!r}")
+        self.retry = check_seconds(retry, "retry")
+        self.watchdog_ttl = check_seconds(watchdog_ttl, "watchdog_ttl")
+        self.drift = float(drift)
+        self.quorum = quorum
+        self.members = {member.name: member for member in members}
+        self.address = ",".join(getattr(m, "address", "") or m.name for m in members)
+        every = [member.capabilities for member in members]
+        non_expiring = sum(not c.expires for c in every)
+        self.fenced = all(c.fenced for c in every) and fenced_by_raising(members, quorum)
+        self.capabilities = Capabilities(
+            reentrant=all(c.reentrant for c in every),
+            expires=non_expiring < quorum,
+            renewable=non_expiring < quorum and all(c.renewable or not c.expires for c in every),
+            fair=False,
+            fenced=self.fenced,
+            cross_process=all(c.cross_process for c in every),
+            cross_host=True,
+        )
+        self._watchdog = Watchdog(f"locks-renew-{self.name}")
+        self._pending = PendingReleases()
+        self._grants: dict[int, _Grant] = {}  # id -> every live grant, for close
+        self._held: dict[tuple[str, str], list[_Grant]] = {}  # (owner, key) -> its grants
+        self._lock = threading.Lock()
+        self._closed = False
+        self._pool = self._new_pool()
+        start_afresh_when_forked(self)
+
+    def __repr__(self) -> str:
+        return f"Quorum({list(self.members)}, name={self.name!r}, quorum={self.quorum})"
+
+    def _new_pool(self) -> ThreadPoolExecutor:
+        return ThreadPoolExecutor(_MAX_WORKERS, thread_name_prefix=f"locks-{self.name}")
+
+    def after_fork_in_child(self) -> None:
+        # the pool's threads are gone, and the parent's grants are the parent's
+        self._pool = self._new_pool()
+        self._grants, self._held = {}, {}
+        self._lock = threading.Lock()
+
+    # -- asking every member at once --------------------------------------------------------
+
+    def _each(
+        self, names: Sequence[str], call: Callable[[LockProvider], R], owner: str
+    ) -> dict[str, R | BaseException]:
+        """`call` on each named member in parallel, as `owner` (the first one on this
+        thread); what each returned, or raised."""
+        futures: dict[str, Future[R]] = {}
+        for name in names[1:]:
+            futures[name] = self._pool.submit(self._as, owner, call, self.members[name])
+        outcomes: dict[str, R | BaseException] = {}
+        if names:
+            try:
+                outcomes[names[0]] = self._as(owner, call, self.members[names[0]])
+            except BaseException as error:  # collected: the caller judges it
+                outcomes[names[0]] = error
+        for name, future in futures.items():
+            try:
+                outcomes[name] = future.result()
+            except BaseException as error:
+                outcomes[name] = error
+        return outcomes
+
+    def _as(self, owner: str, call: Callable[[LockProvider], R], member: LockProvider) -> R:
+        with acting_for(owner):
+            result = call(member)
+        self._pending.answered(member)  # it answered: what waited for it can go
+        return result
+
+    @staticmethod
+    def _raise_unexpected(outcomes: dict[str, R | BaseException]) -> None:
+        """A member raised something that is not a lock error (a bug, a bad argument):
+        no vote can stand on it."""
+        for outcome in outcomes.values():
+            if isinstance(outcome, BaseException) and not isinstance(outcome, LockError):
+                raise outcome
+
+    # -- acquire ---------------------------------------------------------------------------
+
+    def acquire(
+        self,
+        key: str,
+        *,
+        ttl: float | None = None,
+        wait: float | None = None,
+        on_lost: LostCallback | None = None,
+    ) -> Lease | None:
+        key, fixed_ttl, wait = check_acquire(key, ttl, wait, on_lost)
+        if self._closed:
+            raise BackendUnavailable(f"quorum {self.name!r} is closed", backend=self.name,
+                                     address=self.address)  # fmt: skip
+        lease_ttl = self.watchdog_ttl if fixed_ttl is None else fixed_ttl
+        auto = fixed_ttl is None and self.capabilities.expires
+        owner = current_owner()
+        started = time.monotonic()
+        deadline = None if wait is None else started + wait
+        if not self.capabilities.reentrant and self._holds(owner, key):
+            # it would wait for itself: for ever, or until the deadline
+            if deadline is not None:
+                time.sleep(max(0.0, deadline - time.monotonic()))
+                emit(EventKind.TIMED_OUT, self.name, key, duration=time.monotonic() - started)
+            return None
+        request = _Request(key, owner, lease_ttl, auto, on_lost, deadline)
+        votes = self._vote(request, list(self.members), 0.0)  # everyone at once, no waiting
+        while True:
+            lease = self._stand(request, votes)
+            if lease is not None:
+                emit(EventKind.ACQUIRED, self.name, key, lease, duration=time.monotonic() - started)
+                return lease
+            if len(votes.failed) > len(self.members) - self.quorum:
+                raise self._unavailable(votes.failed)
+            now = time.monotonic()
+            if deadline is not None and now >= deadline:
+                emit(EventKind.TIMED_OUT, self.name, key, duration=now - started)
+                return None
+            if votes.granted:  # a split vote: step aside for a random while
+                pause = random.uniform(0, self.retry)
+                time.sleep(pause if deadline is None else min(pause, deadline - now))
+            votes = self._gated_vote(request, votes.failed)
+
+    def _order(self, key: str) -> list[str]:
+        """The members in the order every client tries them as the gate for `key`."""
+        names = list(self.members)
+        start = zlib.crc32(key.encode()) % len(names)
+        return names[start:] + names[:start]
+
+    def _gated_vote(self, request: _Request, down: dict[str, LockError]) -> _Votes:
+        """A round for a contended key: first wait for one member, the gate (the first
+        in the key's order that answered last time), then ask the rest. Waiters queue at
+        the gate, so one at a time asks the rest and votes do not split among them."""
+        gate = next((name for name in self._order(request.key) if name not in down), None)
+        if gate is None:
+            return _Votes(failed=dict(down))
+        left = request.remaining()
+        wait = request.ttl if left is None else left
+        try:
+            lease = self.members[gate].acquire(request.key, ttl=request.ttl, wait=wait)
+        except BackendUnavailable as error:
+            return _Votes(failed={**down, gate: error})
+        if lease is None:
+            return _Votes(contended=[gate])
+        rest = [name for name in self.members if name != gate]
+        # the holder's release reaches the rest at about the time it reached the gate
+        votes = self._vote(request, rest, min(self.retry, request.ttl / 3))
+        votes.granted[gate] = lease
+        return votes
+
+    def _vote(self, request: _Request, names: list[str], wait: float) -> _Votes:
+        """Ask the named members at once, each waiting up to `wait` for the key."""
+        key, owner = request.key, request.owner
+
+        def ask(member: LockProvider) -> Lease | None:
+            return member.acquire(key, ttl=request.ttl, wait=wait)
+
+        outcomes = self._each(names, ask, owner)
+        votes = _Votes()
+        for name, outcome in outcomes.items():
+            if isinstance(outcome, Lease):
+                votes.granted[name] = outcome
+            elif outcome is None:
+                votes.contended.append(name)
+            elif isinstance(outcome, LockError):
+                votes.failed[name] = outcome
+                if isinstance(outcome, BackendUnavailable) and outcome.ambiguous and outcome.token:
+                    # it may have granted: release that token once the member answers
+                    pending = Pending(key=key, owner=owner, token=outcome.token)
+                    self._pending.queue(name, pending)
+        try:
+            self._raise_unexpected(outcomes)
+        except BaseException:
+            self._undo(votes.granted, owner)
+            raise
+        return votes
+
+    def _stand(self, request: _Request, votes: _Votes) -> Lease | None:
+        """The quorum's lease if the vote carries (its fence floor raised), else None
+        with every member grant undone."""
+        key, owner, ttl = request.key, request.owner, request.ttl
+        granted = votes.granted
+        valid_until = self._validity(granted.values(), ttl)
+        now = time.monotonic()
+        if len(granted) < self.quorum or (valid_until is not None and valid_until <= now):
+            self._undo(granted, owner)
+            return None
+        fence = 0
+        if self.fenced:
+            fence = max(lease.fence for lease in granted.values())
+            raised = self._raise_floor(key, fence, votes, owner)
+            if not raised or (valid_until is not None and valid_until <= time.monotonic()):
+                self._undo(granted, owner)
+                return None
+        grant = _Grant(self, key, owner, ttl, dict(granted))
+        with self._lock:
+            self._held.setdefault((owner, key), []).append(grant)
+            self._grants[id(grant)] = grant
+        state = LeaseState(valid_until, request.on_lost, grant)
+        sent_at = min(lease.acquired_at for lease in granted.values())
+        depth = max(lease.depth for lease in granted.values())  # the members count levels
+        grant.lease = lease = Lease(key, self.name, owner, new_token(), fence, ttl, depth,
+                                    sent_at, request.auto, state)  # fmt: skip
+        if request.auto:
+            self._watchdog.watch(grant, sent_at + ttl / 3)
+        return lease
+
+    def _validity(self, leases: object, ttl: float) -> float | None:
+        """Until when `quorum` of these member leases hold, less the drift allowance
+        (None: they do not expire)."""
+        expiries = sorted(
+            (lease.valid_until or float("inf") for lease in leases),  # type: ignore[attr-defined]
+            reverse=True,
+        )
+        if len(expiries) < self.quorum:
+            return -float("inf")
+        until: float = expiries[self.quorum - 1]
+        if until == float("inf"):
+            return None
+        return until - (ttl * self.drift + 0.002)
+
+    def _raise_floor(self, key: str, fence: int, votes: _Votes, owner: str) -> bool:
+        """Make `fence` the floor of `key` on enough members that every later majority
+        includes one (n - quorum + 1): the granting members already at it count, the
+        rest that answered are raised. False if too few could be."""
+        at_floor = sum(lease.fence == fence for lease in votes.granted.values())
+        behind = [name for name, lease in votes.granted.items() if lease.fence < fence]
+        behind += votes.contended
+        behind = [name for name in behind if isinstance(self.members[name], RaisesFence)]
+        needed = len(self.members) - self.quorum + 1
+        if at_floor >= needed and not behind:
+            return True
+
+        def raise_fence(member: LockProvider) -> None:
+            member.raise_fence(key, fence)  # type: ignore[attr-defined]
+
+        outcomes = self._each(behind, raise_fence, owner)
+        self._raise_unexpected(outcomes)
+        for name, outcome in outcomes.items():
+            if isinstance(outcome, LockError):
+                votes.failed[name] = outcome
+        raised = sum(outcome is None for outcome in outcomes.values())
+        return at_floor + raised >= needed
+
+    def _undo(self, leases: dict[str, Lease], owner: str) -> None:
+        """Release member grants quietly; a member that does not answer gets it queued."""
+        if not leases:
+            return
+
+        def release(member: LockProvider) -> None:
+            member.release(leases[member.name])
+
+        for name, outcome in self._each(list(leases), release, owner).items():
+            if isinstance(outcome, BackendUnavailable):
+                self._pending.queue(name, Pending(lease=leases[name]))
+
+    def _unavailable(self, failed: dict[str, LockError]) -> BackendUnavailable:
+        detail = "; ".join(f"{name}: {error}" for name, error in failed.items())
+        return BackendUnavailable(
+            f"quorum {self.name!r} cannot reach {self.quorum} of its {len(self.members)} "
+            f"members: {len(failed)} failed ({detail})",
+            backend=self.name, address=self.address,
+        )  # fmt: skip
+
+    # -- release, extend, renewal -----------------------------------------------------------
+
+    def _grant_of(self, lease: Lease) -> _Grant:
+        if not isinstance(lease, Lease):
+            raise TypeError(f"lease must be a Lease, not {type(lease).__name__}")
+        if lease.backend != self.name:
+            raise ValueError(f"lease was granted by {lease.backend!r}, not by {self.name!r}")
+        grant = lease.state.hold
+        if not isinstance(grant, _Grant) or grant.quorum is not self:
+            raise LockNotOwned(f"{lease.key!r}: this lease was never granted in this process")
+        if not in_this_process(lease.owner):
+            raise LockNotOwned(
+                f"{lease.key!r}: this lease belongs to the parent of this forked process"
+            )
+        return grant
+
+    def _forget(self, grant: _Grant) -> None:
+        self._watchdog.unwatch(grant)
+        with self._lock:
+            if self._grants.pop(id(grant), None) is None:
+                return
+            entry = (grant.owner, grant.key)
+            left = [other for other in self._held.get(entry, ()) if other is not grant]
+            if left:
+                self._held[entry] = left
+            else:
+                self._held.pop(entry, None)
+
+    def _holds(self, owner: str, key: str) -> bool:
+        """Whether `owner` holds a live lease on `key` from this quorum."""
+        now = time.monotonic()
+        grants = self._held.get((owner, key), ())
+        return any(g.lease is not None and g.lease.state.live(now) for g in grants)
+
+    def release(self, lease: Lease) -> None:
+        """Release on every member; one that does not answer gets it queued, so this
+        raises only `LockNotOwned` for a lease that had ended or expired."""
+        grant = self._grant_of(lease)
+        try:
+            lease.state.begin_release()
+        except LookupError as ended:
+            raise LockNotOwned(
+                f"{lease.key!r} on {self.name!r}: this lease has ended ({ended}); "
+                "nothing was sent to its members"
+            ) from None
+        expired = lease.state.expired(time.monotonic())
+        self._forget(grant)
+        with grant.lock:
+            self._undo(grant.leases, grant.owner)
+        if expired:
+            raise LockNotOwned(
+                f"{lease.key!r} on {self.name!r}: this lease had expired before its release "
+                "(what its members still held, if anything, was released)"
+            )
+        emit(EventKind.RELEASED, self.name, lease.key, lease,
+             duration=time.monotonic() - lease.acquired_at)  # fmt: skip
+
+    def extend(self, lease: Lease, ttl: float | None = None) -> Lease:
+        new_ttl = check_ttl(ttl)
+        grant = self._grant_of(lease)
+        new_ttl = lease.ttl if new_ttl is None else new_ttl
+        if not lease.state.live(time.monotonic()):
+            raise LockNotOwned(
+                f"{lease.key!r} on {self.name!r}: this lease has ended; nothing was sent"
+            )
+        outcome = self._prolong(grant, new_ttl)
+        if outcome == "lost":
+            raise LockNotOwned(f"{lease.key!r} on {self.name!r} is no longer held by this lease")
+        if outcome == "unknown":
+            raise self._unavailable(grant.failures)
+        emit(EventKind.EXTENDED, self.name, lease.key, lease)
+        if new_ttl == lease.ttl:
+            return lease
+        grant.ttl = new_ttl
+        return dataclasses.replace(lease, ttl=new_ttl)
+
+    def _prolong(self, grant: _Grant, ttl: float) -> str:
+        """Extend every member lease of `grant` to `ttl` from now: "held" (the validity
+        moved on), "lost" (fewer than quorum can still hold it; the loss is reported) or
+        "unknown" (too many members did not answer; nothing changed)."""
+        lease = grant.lease
+        assert lease is not None
+        with grant.lock:
+            names = list(grant.leases)
+
+            def extend(member: LockProvider) -> Lease:
+                return member.extend(grant.leases[member.name], ttl)
+
+            outcomes = self._each(names, extend, grant.owner)
+            self._raise_unexpected(outcomes)
+            held = {n: o for n, o in outcomes.items() if isinstance(o, Lease)}
+            refused = [n for n, o in outcomes.items() if isinstance(o, LockNotOwned)]
+            grant.leases.update(held)
+            for name in refused:
+                grant.leases.pop(name)
+            grant.failures = {n: o for n, o in outcomes.items() if isinstance(o, LockError)}
+            if len(held) >= self.quorum:
+                until = self._validity(held.values(), ttl)
+                if until is not None:
+                    lease.state.renewed(until)
+                return "held"
+            if len(grant.leases) < self.quorum:
+                outcome = "lost"
+            else:
+                return "unknown"
+        self._lose(grant, f"only {len(grant.leases)} of its members still hold it")
+        return outcome
+
+    def _renew(self, grant: _Grant) -> float | None:
+        """The watchdog's call: the time of the next renewal, or None to stop."""
+        lease = grant.lease
+        if lease is None or lease.state.lost or lease.state.ended:
+            return None
+        outcome = self._prolong(grant, grant.ttl)
+        now = time.monotonic()
+        if outcome == "held":
+            return now + grant.ttl / 3
+        if outcome == "lost":
+            return None
+        until = lease.state.valid_until
+        if until is not None and now >= until:
+            self._lose(grant, "its renewal reached fewer than quorum members in time")
+            return None
+        retry = min(max(grant.ttl / 30, 0.05), 1.0)
+        return now + retry if until is None else min(now + retry, until)
+
+    def _lose(self, grant: _Grant, reason: str) -> None:
+        """The grant is gone: its holder is told, and what members still hold is freed."""
+        self._forget(grant)
+        if grant.lease is not None:
+            mark_lost(grant.lease, reason)
+        leases, grant.leases = grant.leases, {}
+        with contextlib.suppress(LockError):
+            self._undo(leases, grant.owner)
+
+    def is_held(self, lease: Lease) -> bool:
+        grant = self._grant_of(lease)
+        if not lease.state.live(time.monotonic()):
+            return False
+
+        def held(member: LockProvider) -> bool:
+            return member.is_held(grant.leases[member.name])
+
+        outcomes = self._each(list(grant.leases), held, grant.owner)
+        self._raise_unexpected(outcomes)
+        return sum(outcome is True for outcome in outcomes.values()) >= self.quorum
+
+    def holder(self, key: str) -> Holder | None:
+        """The owner `quorum` members name as the holder of `key`, or None: for
+        operators; acting on it is a race."""
+        key = check_name(key)
+
+        def ask(member: LockProvider) -> Holder | None:
+            holder: Callable[[str], Holder | None] | None = getattr(member, "holder", None)
+            return None if holder is None else holder(key)
+
+        outcomes = self._each(list(self.members), ask, current_owner())
+        found: dict[str, list[Holder]] = {}
+        for outcome in outcomes.values():
+            if isinstance(outcome, Holder):
+                found.setdefault(outcome.owner, []).append(outcome)
+        for owner, seen in found.items():
+            if len(seen) >= self.quorum:
+                left = sorted((h.expires_in or float("inf") for h in seen), reverse=True)
+                expires_in = left[self.quorum - 1]
+                fence = max(h.fence or 0 for h in seen) if self.fenced else 0
+                return Holder(key, self.name, owner, None, fence,
+                              None if expires_in == float("inf") else expires_in)  # fmt: skip
+        return None
+
+    def ping(self) -> None:
+        """Succeed if at least `quorum` members answer."""
+
+        def ping(member: LockProvider) -> None:
+            member.ping()
+
+        outcomes = self._each(list(self.members), ping, current_owner())
+        self._raise_unexpected(outcomes)
+        failed = {n: o for n, o in outcomes.items() if isinstance(o, LockError)}
+        if len(failed) > len(self.members) - self.quorum:
+            raise self._unavailable(failed)
+
+    def pending(self, member: str) -> int:
+        """How many releases wait for `member` to answer."""
+        return self._pending.count(member)
+
+    def close(self) -> None:
+        """End every lease this quorum granted (their `on_lost` run) and release their
+        member grants. The members may serve others and are closed by whoever made them."""
+        self._closed = True
+        self._watchdog.close()
+        with self._lock:
+            grants = list(self._grants.values())
+        for grant in grants:
+            self._lose(grant, f"its quorum {self.name!r} was closed")
+        self._pool.shutdown(wait=False)
+
+    def lock(
+        self,
+        key: str,
+        *,
+        ttl: float | None = None,
+        wait: float | None = None,
+        on_lost: LostCallback | None = None,
+    ) -> Lock:
+        return Lock(self, key, ttl=ttl, wait=wait, on_lost=on_lost)
