@@ -39,6 +39,7 @@ from locks.fallback.scenarios import PRESETS
 from locks.fallback.switch import Switch
 from locks.names import check_wait
 from locks.provider import Lock, LockProvider
+from locks.quorum import Quorum
 
 P = ParamSpec("P")
 R = TypeVar("R")
@@ -49,6 +50,7 @@ BUILT_IN_TYPES = {
     "redis-hash": "locks.backends.redis:RedisHashProvider",
     "zookeeper": "locks.backends.zookeeper:ZooKeeperProvider",
     "database": "locks.backends.database:DatabaseProvider",
+    "quorum": "locks.quorum:Quorum",  # its members are other backends, named
 }
 ENTRY_POINT_GROUP = "locks.backends"
 
@@ -56,6 +58,7 @@ _TOP_KEYS = {"backends", "scenarios", "switch"}
 _SCENARIO_KEYS = {"chain", "preset", "mode", "max_lease", "retries", "retry_delay",
                   "failures", "reset_timeout"}  # fmt: skip
 _SWITCH_KEYS = {"file", "poll_interval", "force", "disable"}
+_QUORUM_KEYS = {"type", "members", "quorum", "drift", "retry", "watchdog_ttl"}
 _ENV = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}")
 
 
@@ -135,15 +138,25 @@ def _unknown(keys: Mapping[str, Any], allowed: set[str], where: str) -> None:
         raise ConfigError(f"{place}: unknown key (allowed: {', '.join(sorted(allowed))})")
 
 
+def _is_quorum(spec: Any) -> bool:
+    return isinstance(spec, Mapping) and spec.get("type") == "quorum"
+
+
 class Registry:
     """The configured backends, one chain per scenario, and the shared switch."""
 
     def __init__(self, data: Mapping[str, Any], environ: Mapping[str, str]) -> None:
         _unknown(data, _TOP_KEYS, "")
+        self._specs = data
         self._backends: dict[str, LockProvider] = {}
         try:
-            for name, spec in _table(data, "backends", "backends").items():
-                self._backends[name] = self._make_backend(name, spec, f"backends.{name}")
+            specs = _table(data, "backends", "backends")
+            quorums = {name: spec for name, spec in specs.items() if _is_quorum(spec)}
+            for name, spec in specs.items():  # a quorum's members first: it is made of them
+                if name not in quorums:
+                    self._backends[name] = self._make_backend(name, spec, f"backends.{name}")
+            for name, spec in quorums.items():
+                self._backends[name] = self._make_quorum(name, spec, f"backends.{name}")
             self.switch = self._make_switch(_table(data, "switch", "switch"), environ)
             self._chains = {
                 name: self._make_chain(name, spec, f"scenarios.{name}")
@@ -174,6 +187,26 @@ class Registry:
         except Exception as exc:  # whatever a backend class raises, the config is at fault
             raise ConfigError(f"{_place(where, exc, options)}: {exc}") from exc
         return provider
+
+    def _make_quorum(self, name: str, spec: Mapping[str, Any], where: str) -> LockProvider:
+        _unknown(spec, _QUORUM_KEYS, where)
+        names = spec.get("members")
+        if not isinstance(names, list) or not all(isinstance(n, str) for n in names):
+            raise ConfigError(f"{where}.members: must be a list of backend names, "
+                              'e.g. ["r1", "r2"]')  # fmt: skip
+        for index, member in enumerate(names):
+            if member not in self._backends:
+                what = (
+                    "a quorum cannot be a member"
+                    if _is_quorum(_table(self._specs, "backends", "backends").get(member))
+                    else "unknown backend"
+                )
+                raise ConfigError(f"{where}.members[{index}]: {what} {member!r}")
+        options = {k: v for k, v in spec.items() if k not in ("type", "members")}
+        try:
+            return Quorum([self._backends[member] for member in names], name=name, **options)
+        except (TypeError, ValueError) as exc:
+            raise ConfigError(f"{_place(where, exc, options)}: {exc}") from exc
 
     def _make_switch(self, spec: Mapping[str, Any], environ: Mapping[str, str]) -> Switch:
         _unknown(spec, _SWITCH_KEYS, "switch")

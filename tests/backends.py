@@ -102,6 +102,14 @@ def make_provider(kind: str, address: str | None, **options: Any) -> LockProvide
             ],
             name="chain",
         )
+    if kind == "quorum-mixed":  # redis + zookeeper + database, 2 of 3
+        redis_url, zk_hosts, database_url = (address or "||").split("|")
+        members = [
+            RedisProvider(redis_url, name="redis", **options),
+            ZooKeeperProvider(zk_hosts, name="zookeeper", **options),
+            DatabaseProvider(database_url, name="database", **options),
+        ]
+        return Quorum(members, name="quorum-mixed")
     if kind == "quorum":
         watchdog_ttl = options.pop("watchdog_ttl", 30.0)
         urls = (address or "").split("|")
