@@ -10,8 +10,9 @@ draws the images again from the tables already in docs/benchmarks.md (the newest
 section of each benchmark; all that have one if no NAME is given) and links each from
 its section: for a table written by a run that drew no image, and to redraw after a
 change to the plots. Failover timelines need the run's raw samples: only
-`python -m benchmarks.failover` draws those. `benchmarks.topologies` keeps its raw
-results in docs/img/topologies.json, and its image is redrawn from that file.
+`python -m benchmarks.failover` draws those. `benchmarks.topologies` and
+`benchmarks.quorum` keep their raw results in docs/img/<X>.json, and their images are
+redrawn from those files.
 
 matplotlib is imported inside the drawing functions only.
 """
@@ -40,6 +41,8 @@ PEER_COLOUR = "#9a9a9a"
 ALL_OURS = {"chain"}
 # benchmarks.topologies' raw results, written by its run, read to redraw its image
 TOPOLOGIES_RESULTS = IMAGES / "topologies.json"
+# benchmarks.quorum's raw results, likewise
+QUORUM_RESULTS = IMAGES / "quorum.json"
 
 _LINK = re.compile(r"^!\[[^\]]*\]\((img/[^)\s]+\.png)\)\s*$")
 _SECTION = re.compile(r"^## (?P<title>.+) \((?P<stamp>\d{4}-\d\d-\d\d \d\d:\d\d UTC)\)\s*$")
@@ -294,6 +297,102 @@ def load_topologies(results: Path = TOPOLOGIES_RESULTS) -> TopologyResults:
     return cast(TopologyResults, json.loads(results.read_text()))
 
 
+class QuorumRow(TypedDict):
+    """One contender of `benchmarks.quorum`: medians and percentiles of its run."""
+
+    group: str  # "3 masters", "5 masters", "one member", "mixed"
+    name: str  # unique in the run
+    ours: bool
+    cycles_per_second: float  # median over the rounds
+    acquire_p50_ms: float  # over every round's one-try acquires
+    acquire_p99_ms: float
+    acquire_samples: int
+    refused: int  # one-try acquires of the uncontended key that were refused
+    handoff_ms: float | None  # median; None: --samples 0
+
+
+class QuorumResults(TypedDict):
+    """docs/img/quorum.json."""
+
+    title: str
+    stamp: str
+    command: str
+    seconds: float
+    settings: dict[str, Any]
+    rows: list[QuorumRow]
+    mixed_note: str | None  # why the mixed quorum was not measured, if it was not
+
+
+def _bar_scale(axes: Any, values: Sequence[float], label: str) -> float:
+    """Log scale when the bars span more than 10x (a 0.1 ms round trip next to a
+    100 ms poll), else linear from 0. Returns the axis' left end, where bars start."""
+    low, high = min(values, default=1.0), max(values, default=1.0)
+    if low > 0 and high / low > 10:
+        axes.set_xscale("log")
+        axes.set_xlabel(f"{label}, log scale (lower is better)")
+        axes.set_xlim(low / 3, high * 6)
+        return low / 3
+    axes.set_xlabel(f"{label} (lower is better)")
+    axes.set_xlim(0, high * 1.3)
+    return 0.0
+
+
+def draw_quorum(title: str, rows: Sequence[QuorumRow], path: Path | None = None) -> Path:
+    """docs/img/quorum.png: per contender, cycles/s (left), acquire p50 with its p99
+    marked (middle) and hand-off (right); ours in colour, pottery in grey."""
+    path = path or IMAGES / "quorum.png"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    names = [f"{r['group']}: {r['name']}" for r in rows]
+    colours = [OURS_COLOUR if r["ours"] else PEER_COLOUR for r in rows]
+    ys = list(range(len(rows)))
+    figure = _figure(14, 1.8 + 0.42 * len(rows))
+    rate_axes, latency_axes, handoff_axes = figure.subplots(
+        1, 3, sharey=True, gridspec_kw={"width_ratios": [1.2, 1, 1]}
+    )
+
+    rates = [r["cycles_per_second"] for r in rows]
+    rate_axes.barh(ys, rates, color=colours)  # linear: bar lengths are the ratios
+    rate_axes.set_yticks(ys, names)
+    rate_axes.invert_yaxis()  # the table's order, top to bottom
+    rate_axes.set_xlabel("uncontended acquire + release, cycles/s (higher is better)")
+    for y, rate in zip(ys, rates, strict=True):
+        rate_axes.annotate(f" {rate:,.0f}", (rate, y), va="center", fontsize=8)
+    rate_axes.set_xlim(right=max(rates, default=1.0) * 1.25)
+
+    p50s, p99s = [r["acquire_p50_ms"] for r in rows], [r["acquire_p99_ms"] for r in rows]
+    low = _bar_scale(latency_axes, [*p50s, *p99s], "uncontended acquire, ms: p50 bar, p99 mark")
+    latency_axes.barh(ys, [p50 - low for p50 in p50s], left=low, color=colours)
+    latency_axes.scatter(p99s, ys, marker="|", s=120, color="#d62728", zorder=3)
+    for y, p50, p99 in zip(ys, p50s, p99s, strict=True):
+        latency_axes.annotate(f" {p50:.2f} / {p99:.2f}", (p99, y), va="center", fontsize=8)
+
+    handoffs = [r["handoff_ms"] for r in rows]
+    low = _bar_scale(handoff_axes, [h for h in handoffs if h is not None], "hand-off, median ms")
+    handoff_axes.barh(ys, [(h or low) - low for h in handoffs], left=low, color=colours)
+    for y, handoff in zip(ys, handoffs, strict=True):
+        label = " — (not measured)" if handoff is None else f" {handoff:.2f} ms"
+        handoff_axes.annotate(label, (handoff or low, y), va="center", fontsize=8)
+
+    from matplotlib.patches import Patch  # noqa: PLC0415
+
+    figure.legend(
+        handles=[Patch(color=OURS_COLOUR), Patch(color=PEER_COLOUR)],
+        labels=["fallback-locks", "pottery Redlock (peer)"],
+        loc="outside lower center",
+        ncols=2,
+        fontsize=8,
+    )
+    figure.suptitle(title, fontsize=10)
+    figure.savefig(path, dpi=100)
+    return path
+
+
+def load_quorum(results: Path = QUORUM_RESULTS) -> QuorumResults:
+    if not results.exists():
+        raise SystemExit(f"no {results}: run python -m benchmarks.quorum")
+    return cast(QuorumResults, json.loads(results.read_text()))
+
+
 # -- docs/benchmarks.md ------------------------------------------------------------------
 
 
@@ -387,6 +486,12 @@ def redraw(names: Sequence[str], report: Path = REPORT) -> list[Path]:
             image = draw_topologies(
                 f"{data['title']} ({data['stamp']})", data["cycles"], data["failovers"]
             )
+        elif name == "quorum":  # likewise
+            quorum = load_quorum()
+            if quorum["stamp"] != section.stamp:
+                print(f"{QUORUM_RESULTS} is of the run at {quorum['stamp']}, "
+                      f"not of the newest section ({section.stamp})", file=sys.stderr)  # fmt: skip
+            image = draw_quorum(f"{quorum['title']} ({quorum['stamp']})", quorum["rows"])
         else:
             results = parse_results(name, body)
             if not results:

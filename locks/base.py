@@ -37,6 +37,19 @@ class Grant(NamedTuple):
     sent_at: float  # monotonic time the winning request was sent: validity counts from here
 
 
+class _Attempt(NamedTuple):
+    """One acquire, checked, on its way to the server."""
+
+    key: str
+    ttl: float  # the lease's length (the watchdog's for an auto-renewed lease)
+    wait: float | None
+    auto: bool  # renewed by the watchdog
+    on_lost: LostCallback | None
+    owner: str
+    started: float
+    domain: Hashable | None  # where its holds are found again (None: not reentrant)
+
+
 class ProviderBase(ABC):
     type_name: ClassVar[str]  # the backend type, as config names it
     capabilities: ClassVar[Capabilities]
@@ -118,6 +131,42 @@ class ProviderBase(ABC):
         wait: float | None = None,
         on_lost: LostCallback | None = None,
     ) -> Lease | None:
+        attempt, nested = self._begin(key, ttl, wait, on_lost)
+        if nested is not None:
+            return nested
+        deadline = None if attempt.wait is None else attempt.started + attempt.wait
+        grant = self._reporting(attempt.key, self._acquire, attempt.key, attempt.owner,
+                                new_token(), attempt.ttl, deadline)  # fmt: skip
+        return self._granted(attempt, grant)
+
+    def start_acquire(
+        self, key: str, *, ttl: float | None = None, on_lost: LostCallback | None = None
+    ) -> Callable[[], Lease | None] | None:
+        """One try at `key` (`wait=0`) in two halves: the request goes out now, and the
+        call returned reads the answer and makes the lease (or None: held). None where
+        the backend cannot split a try. A quorum asks all its members from one thread
+        this way: one round trip for all, not one thread hand-off each."""
+        attempt, nested = self._begin(key, ttl, 0.0, on_lost)
+        if nested is not None:
+            return lambda: nested
+        read = self._reporting(attempt.key, self._start_try, attempt.key, attempt.owner,
+                               new_token(), attempt.ttl)  # fmt: skip
+        if read is None:
+            return None
+        return lambda: self._granted(attempt, self._reporting(attempt.key, read))
+
+    def _start_try(
+        self, key: str, owner: str, token: str, ttl: float
+    ) -> Callable[[], Grant | None] | None:
+        """Send one try at `key` and return what reads its outcome (a grant, or None if
+        held); None where this backend cannot split a try."""
+        return None
+
+    def _begin(
+        self, key: str, ttl: float | None, wait: float | None, on_lost: LostCallback | None
+    ) -> tuple[_Attempt, Lease | None]:
+        """Check the arguments (before any I/O) and take a new level of a hold the
+        caller already has, if there is one."""
         key, fixed_ttl, wait = check_acquire(key, ttl, wait, on_lost)
         if self._closed:
             raise BackendUnavailable(
@@ -126,31 +175,35 @@ class ProviderBase(ABC):
             )  # fmt: skip
         lease_ttl = self.watchdog_ttl if fixed_ttl is None else fixed_ttl
         auto = fixed_ttl is None and self.capabilities.expires
-        owner = current_owner()
-        started = time.monotonic()
-        domain = self._reentrancy_domain()
-        if domain is not None:
-            hold = holds.find(domain, owner, key)
+        attempt = _Attempt(key, lease_ttl, wait, auto, on_lost, current_owner(),
+                           time.monotonic(), self._reentrancy_domain())  # fmt: skip
+        if attempt.domain is not None:
+            hold = holds.find(attempt.domain, attempt.owner, key)
             if hold is not None:
                 nested = self._reporting(key, self._nest, hold, lease_ttl, auto, on_lost)
                 if nested is not None:
                     emit(EventKind.ACQUIRED, self.name, key, nested, duration=0.0)
-                    return nested
-        deadline = None if wait is None else started + wait
-        grant = self._reporting(key, self._acquire, key, owner, new_token(), lease_ttl, deadline)
+                    return attempt, nested
+        return attempt, None
+
+    def _granted(self, attempt: _Attempt, grant: Grant | None) -> Lease | None:
+        """The lease for a fresh server grant, registered and watched; None if none."""
+        key = attempt.key
         if grant is None:
-            emit(EventKind.TIMED_OUT, self.name, key, duration=time.monotonic() - started)
+            emit(EventKind.TIMED_OUT, self.name, key, duration=time.monotonic() - attempt.started)
             return None
+        lease_ttl, auto = attempt.ttl, attempt.auto
         valid_until = grant.sent_at + lease_ttl if self.capabilities.expires else None
-        state = LeaseState(valid_until, on_lost)
-        lease = Lease(key, self.name, owner, grant.token, grant.fence, lease_ttl, 1,
+        state = LeaseState(valid_until, attempt.on_lost)
+        lease = Lease(key, self.name, attempt.owner, grant.token, grant.fence, lease_ttl, 1,
                       grant.sent_at, auto, state)  # fmt: skip
         state.hold = hold = Hold(self, lease, valid_until)
-        holds.add(hold, domain)
+        holds.add(hold, attempt.domain)
         if auto:
             hold.watched = True
             self._watchdog.watch(hold, grant.sent_at + lease_ttl / 3)
-        emit(EventKind.ACQUIRED, self.name, key, lease, duration=time.monotonic() - started)
+        emit(EventKind.ACQUIRED, self.name, key, lease,
+             duration=time.monotonic() - attempt.started)  # fmt: skip
         return lease
 
     def release(self, lease: Lease) -> None:

@@ -222,21 +222,35 @@ class Quorum:
     ) -> dict[str, R | BaseException]:
         """`call` on each named member in parallel, as `owner` (the first one on this
         thread); what each returned, or raised."""
-        futures: dict[str, Future[R]] = {}
-        for name in names[1:]:
-            futures[name] = self._pool.submit(self._as, owner, call, self.members[name])
+        futures = self._submit(names[1:], call, owner)
         outcomes: dict[str, R | BaseException] = {}
         if names:
-            try:
-                outcomes[names[0]] = self._as(owner, call, self.members[names[0]])
-            except BaseException as error:  # collected: the caller judges it
-                outcomes[names[0]] = error
+            outcomes[names[0]] = self._caught(self._as, owner, call, self.members[names[0]])
+        self._collect(futures, outcomes)
+        return outcomes
+
+    def _submit(
+        self, names: Sequence[str], call: Callable[[LockProvider], R], owner: str
+    ) -> dict[str, Future[R]]:
+        return {name: self._pool.submit(self._as, owner, call, self.members[name])
+                for name in names}  # fmt: skip
+
+    @staticmethod
+    def _collect(futures: dict[str, Future[R]], outcomes: dict[str, R | BaseException]) -> None:
+        """Wait for every future, adding what each returned or raised to `outcomes`."""
         for name, future in futures.items():
             try:
                 outcomes[name] = future.result()
             except BaseException as error:
                 outcomes[name] = error
-        return outcomes
+
+    @staticmethod
+    def _caught(call: Callable[..., R], *args: object, **kwargs: object) -> R | BaseException:
+        """What `call` returned, or raised: collected, and judged by the caller."""
+        try:
+            return call(*args, **kwargs)
+        except BaseException as error:
+            return error
 
     def _as(self, owner: str, call: Callable[[LockProvider], R], member: LockProvider) -> R:
         with acting_for(owner):
@@ -329,7 +343,7 @@ class Quorum:
         def ask(member: LockProvider) -> Lease | None:
             return member.acquire(key, ttl=request.ttl, wait=wait)
 
-        outcomes = self._each(names, ask, owner)
+        outcomes = self._each(names, ask, owner) if wait else self._try_each(request, names, ask)
         votes = _Votes()
         for name, outcome in outcomes.items():
             if isinstance(outcome, Lease):
@@ -348,6 +362,32 @@ class Quorum:
             self._undo(votes.granted, owner)
             raise
         return votes
+
+    def _try_each(
+        self, request: _Request, names: list[str], ask: Callable[[LockProvider], Lease | None]
+    ) -> dict[str, Lease | BaseException | None]:
+        """One try on each member, from this thread where a member can split it (every
+        request sent before any answer is read: one round trip for all), on pool
+        threads where it cannot."""
+        reads: dict[str, Callable[[], Lease | None]] = {}
+        threaded: list[str] = []
+        outcomes: dict[str, Lease | BaseException | None] = {}
+        for name in names:
+            start = getattr(self.members[name], "start_acquire", None)
+            read = None if start is None else self._caught(start, request.key, ttl=request.ttl)
+            if isinstance(read, BaseException):
+                outcomes[name] = read
+            elif read is None:
+                threaded.append(name)
+            else:
+                reads[name] = read
+        futures = self._submit(threaded, ask, request.owner)
+        for name, read in reads.items():
+            outcomes[name] = self._caught(read)
+            if not isinstance(outcomes[name], BaseException):
+                self._pending.answered(self.members[name])
+        self._collect(futures, outcomes)
+        return outcomes
 
     def _stand(self, request: _Request, votes: _Votes) -> Lease | None:
         """The quorum's lease if the vote carries (its fence floor raised), else None

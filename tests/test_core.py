@@ -112,9 +112,10 @@ def test_a_forked_child_never_believes_it_holds_its_parents_lock(
     redis_hash.release(lease)
 
 
-def test_a_million_distinct_local_keys_leave_nothing_behind() -> None:
-    provider = LocalProvider(name="a-million-keys")  # a namespace of its own
-    for i in range(1_000_000):
+def test_a_hundred_thousand_distinct_local_keys_leave_nothing_behind() -> None:
+    # the count left behind is exact: more keys would only take longer (a million: 35 s)
+    provider = LocalProvider(name="many-keys")  # a namespace of its own
+    for i in range(100_000):
         lease = provider.acquire(f"k{i}", wait=0)
         assert lease is not None
         provider.release(lease)

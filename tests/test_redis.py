@@ -23,6 +23,7 @@ from locks.backends import LocalProvider, RedisHashProvider, RedisProvider
 from locks.backends.redis.provider import _RedisProviderBase
 from locks.errors import BackendError
 from locks.events import Event, EventKind, add_observer, remove_observer
+from locks.owner import current_owner
 from tests.ports import free_port
 from tests.servers import RedisServer
 
@@ -419,3 +420,67 @@ def test_a_service_that_is_not_redis_is_a_backend_error_not_a_crash(
         )  # fmt: skip
         assert done.returncode in (1, 3), done.stdout + done.stderr
         assert "Traceback" not in done.stderr, done.stderr
+
+
+# -- a try split in two (what a quorum sends to all its members before reading) ------------
+
+
+@pytest.mark.parametrize("cls", [RedisProvider, RedisHashProvider])
+def test_a_split_try_grants_refuses_a_rival_and_survives_a_script_flush(
+    redis_server: RedisServer, key: str, cls: type[_RedisProviderBase]
+) -> None:
+    mine, other = cls(redis_server.url), cls(redis_server.url)
+    try:
+        mine.client.script_flush()  # the first send meets NOSCRIPT, and is sent again
+        read = mine.start_acquire(key, ttl=5)
+        assert read is not None
+        lease = read()
+        assert lease is not None and lease.fence > 0 and mine.is_held(lease)
+        assert lease.valid_until is not None and lease.valid_until <= time.monotonic() + 5
+        rival = in_thread(lambda: other.start_acquire(key, ttl=5))
+        assert rival is not None and in_thread(rival) is None
+        if cls.capabilities.reentrant:  # a nested level needs no round trip at all
+            nested = mine.start_acquire(key, ttl=5)
+            assert nested is not None
+            inner = nested()
+            assert inner is not None and inner.depth == 2
+            mine.release(inner)
+        mine.release(lease)
+        taken = in_thread(lambda: other.acquire(key, ttl=5, wait=0))
+        assert taken is not None
+        other.release(taken)
+    finally:
+        mine.close()
+        other.close()
+
+
+def test_a_split_try_whose_answer_never_comes_is_ambiguous_and_undoable(
+    redis_server: RedisServer, key: str
+) -> None:
+    provider = RedisProvider(redis_server.url, socket_timeout=0.3)
+    try:
+        provider.ping()  # a connection in the pool: the send goes into its socket
+        redis_server.pause()
+        read = provider.start_acquire(key, ttl=30)
+        assert read is not None
+        with pytest.raises(BackendUnavailable) as raised:
+            read()
+        assert raised.value.ambiguous and raised.value.token
+        redis_server.resume()
+        # whether the script ran once the server woke up cannot be known (here Redis
+        # saw the connection closed first): the token releases whatever it took
+        provider.release_token(key, current_owner(), raised.value.token)
+        assert provider.holder(key) is None
+        lease = in_thread(lambda: provider.acquire(key, ttl=5, wait=0))
+        assert lease is not None
+    finally:
+        provider.close()
+
+
+def test_backends_that_cannot_split_a_try_say_so_after_checking_the_arguments() -> None:
+    local = LocalProvider()
+    assert local.start_acquire("k", ttl=1) is None
+    with pytest.raises(ValueError, match="ttl"):
+        local.start_acquire("k", ttl=-1)
+    with pytest.raises(ValueError, match="key"):
+        local.start_acquire("")

@@ -10,11 +10,12 @@ from __future__ import annotations
 import functools
 import time
 from abc import abstractmethod
-from collections.abc import Hashable, Iterator, Sequence
+from collections.abc import Callable, Hashable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
+import redis
 from redis import exceptions as errors
 from redis.sentinel import MasterNotFoundError
 
@@ -197,6 +198,49 @@ class _RedisProviderBase(ProviderBase):
         if own and deadline is None:
             return None  # waiting forever for ourselves would never end
         return pttl
+
+    def _start_try(
+        self, key: str, owner: str, token: str, ttl: float
+    ) -> Callable[[], Grant | None] | None:
+        """The acquire script sent on a connection of its own, its reply read later (a
+        quorum sends to all its members before it reads from any). Not with
+        `sync_replicas` (WAIT follows on the same connection) nor on a cluster."""
+        client = self.topology.client()
+        if self._sync is not None or not isinstance(client, redis.Redis):
+            return None
+        keys = self._keys(key)
+        script = self._acquire_script
+        call = [len([keys.lock, keys.fence]), keys.lock, keys.fence,
+                *self._acquire_args(keys, owner, token, _ms(ttl))]  # fmt: skip
+        pool = client.connection_pool
+        sent_at = time.monotonic()
+        try:
+            connection = pool.get_connection()
+        except (*self.driver_errors, *self.unavailable_errors) as exc:
+            raise self._error(exc, key=key) from exc
+        try:
+            connection.send_command("EVALSHA", script.sha, *call)  # type: ignore[no-untyped-call]
+        except (*self.driver_errors, *self.unavailable_errors) as exc:
+            pool.release(connection)
+            raise self._error(exc, ambiguous=_maybe_sent(exc), key=key, token=token) from exc
+
+        def read() -> Grant | None:
+            try:
+                try:
+                    reply = connection.read_response()
+                except errors.NoScriptError:
+                    connection.send_command("EVAL", script.source, *call)  # type: ignore[no-untyped-call]
+                    reply = connection.read_response()
+            except (*self.driver_errors, *self.unavailable_errors) as exc:
+                # a reply may still be on its way: never reuse the connection
+                connection.disconnect()  # type: ignore[no-untyped-call]
+                raise self._error(exc, ambiguous=True, key=key, token=token) from exc
+            finally:
+                pool.release(connection)
+            fence = reply if isinstance(reply, int) else 0
+            return Grant(token, fence, 1, sent_at) if fence > 0 else None
+
+        return read
 
     def _call(self, script: Script, keys: list[str], args: list[Any]) -> tuple[Any, Any]:
         """Run `script`: (its reply, None), or with `sync_replicas` (its reply, what WAIT
