@@ -205,7 +205,8 @@ def measure(entries: list[Entry], cycles: int, rounds: int, samples: int) -> lis
             )
             print(
                 f"  {entry.name}: {rows[-1]['cycles_per_second']:,.0f} cycles/s, acquire p50 "
-                f"{tail.p50:.3f} ms p99 {tail.p99:.3f} ms, hand-off {handoff} ms, "
+                f"{tail.p50:.3f} ms p99 {tail.p99:.3f} ms, hand-off "
+                f"{'—' if handoff is None else f'{handoff:.2f}'} ms, "
                 f"{entry.refused} refused",
                 flush=True,
             )
@@ -222,35 +223,30 @@ def _row(rows: list[plots.QuorumRow], group: str, name: str) -> plots.QuorumRow:
     return next(r for r in rows if r["group"] == group and r["name"] == name)
 
 
-def _ms(value: float | None) -> str:
-    return "—" if value is None else f"{value:.2f}"
+def _figures(row: plots.QuorumRow, base: plots.QuorumRow, hand_off: bool = False) -> str:
+    """Table cells: cycles/s, p50, p99, `row`'s p50 over `base`'s (and the hand-off)."""
+    cells = (
+        f"{row['cycles_per_second']:,.0f} | {row['acquire_p50_ms']:.3f} "
+        f"| {row['acquire_p99_ms']:.3f} | {row['acquire_p50_ms'] / base['acquire_p50_ms']:.2f}x"
+    )
+    if hand_off:
+        cells += " | —" if row["handoff_ms"] is None else f" | {row['handoff_ms']:.2f}"
+    return cells
 
 
 def tables(rows: list[plots.QuorumRow], mixed_note: str | None) -> str:
     one = _row(rows, "one member", ONE)
     lines = [
-        "| masters | contender | cycles/s | ours / pottery, cycles/s | acquire p50 ms "
+        "| masters | contender | ours / pottery, cycles/s | cycles/s | acquire p50 ms "
         "| acquire p99 ms | p50 / one member's | hand-off, median ms |",
         "|---:|---|---:|---:|---:|---:|---:|---:|",
     ]
     for n in (3, MASTERS):
-        peer = _row(rows, f"{n} masters", PEER)
-        for row in (peer, _row(rows, f"{n} masters", OURS)):
-            ratio = (
-                "—"
-                if row is peer
-                else f"{row['cycles_per_second'] / peer['cycles_per_second']:.2f}x"
-            )
-            lines.append(
-                f"| {n} | {row['name']} | {row['cycles_per_second']:,.0f} | {ratio} "
-                f"| {row['acquire_p50_ms']:.3f} | {row['acquire_p99_ms']:.3f} "
-                f"| {row['acquire_p50_ms'] / one['acquire_p50_ms']:.2f}x | {_ms(row['handoff_ms'])} |"
-            )
-    lines.append(
-        f"| 1 | {ONE} (one member) | {one['cycles_per_second']:,.0f} | — "
-        f"| {one['acquire_p50_ms']:.3f} | {one['acquire_p99_ms']:.3f} | 1.00x "
-        f"| {_ms(one['handoff_ms'])} |"
-    )
+        peer, mine = _row(rows, f"{n} masters", PEER), _row(rows, f"{n} masters", OURS)
+        ratio = mine["cycles_per_second"] / peer["cycles_per_second"]
+        lines.append(f"| {n} | {PEER} | — | {_figures(peer, one, True)} |")
+        lines.append(f"| {n} | {OURS} | {ratio:.2f}x | {_figures(mine, one, True)} |")
+    lines.append(f"| 1 | {ONE} (one member) | — | {_figures(one, one, True)} |")
     lines += ["", targets(rows)]
     if mixed_note is not None:
         lines += ["", f"Mixed quorum (redis + zookeeper + mariadb): not measured, {mixed_note}"]
@@ -263,12 +259,11 @@ def tables(rows: list[plots.QuorumRow], mixed_note: str | None) -> str:
         "|---|---:|---:|---:|---:|---:|",
     ]
     for row in (mixed, one, *(_row(rows, "mixed", n) for n in MIXED_MEMBERS.values())):
-        label = f"{row['name']} (alone)" if row is not mixed else row["name"]
-        lines.append(
-            f"| {label} | {row['cycles_per_second']:,.0f} | {row['acquire_p50_ms']:.3f} "
-            f"| {row['acquire_p99_ms']:.3f} "
-            f"| {mixed['acquire_p50_ms'] / row['acquire_p50_ms']:.2f}x | {_ms(row['handoff_ms'])} |"
-        )
+        label = row["name"] if row is mixed else f"{row['name']} (alone)"
+        # the ratio the other way round: how much the quorum adds to this member
+        cells = _figures(row, mixed, True).split(" | ")
+        cells[3] = f"{mixed['acquire_p50_ms'] / row['acquire_p50_ms']:.2f}x"
+        lines.append(f"| {label} | {' | '.join(cells)} |")
     return "\n".join(lines)
 
 
@@ -301,8 +296,8 @@ def summary(rows: list[plots.QuorumRow], mixed_note: str | None) -> str:
     p50 = {n: _row(rows, f"{n} masters", OURS)["acquire_p50_ms"] for n in (3, MASTERS)}
     text = (
         f"Ours completed {speed[3]:.1f}x pottery's cycles/s on 3 masters and "
-        f"{speed[MASTERS]:.1f}x on {MASTERS}. A quorum acquire asks its members in parallel "
-        f"threads; its p50 was {p50[3] / one:.1f}x one member's on 3 masters and "
+        f"{speed[MASTERS]:.1f}x on {MASTERS}. A quorum acquire asks its members in "
+        f"parallel; its p50 was {p50[3] / one:.1f}x one member's on 3 masters and "
         f"{p50[MASTERS] / one:.1f}x on {MASTERS} ({p50[3]:.2f} and {p50[MASTERS]:.2f} ms "
         f"against {one:.2f} ms)."
     )

@@ -90,6 +90,7 @@ class _Grant:
     lease: Lease | None = None  # the quorum's lease, once made
     lock: threading.Lock = field(default_factory=threading.Lock)
     failures: dict[str, LockError] = field(default_factory=dict)  # the last renewal's
+    limit: float | None = None  # no validity past this (a safe-mode chain's bound)
 
     @property
     def provider(self) -> Quorum:
@@ -589,18 +590,42 @@ class Quorum:
         lease = grant.lease
         if lease is None or lease.state.lost or lease.state.ended:
             return None
+        limit = grant.limit
+        if limit is not None and time.monotonic() >= limit:
+            self._lose(grant, "it reached the bound its chain set (safe mode)")
+            return None
+        if not lease.auto_renew:
+            return limit  # a bounded lease is visited once more, at its bound
         outcome = self._prolong(grant, grant.ttl)
         now = time.monotonic()
-        if outcome == "held":
-            return now + grant.ttl / 3
         if outcome == "lost":
             return None
-        until = lease.state.valid_until
-        if until is not None and now >= until:
-            self._lose(grant, "its renewal reached fewer than quorum members in time")
-            return None
-        retry = min(max(grant.ttl / 30, 0.05), 1.0)
-        return now + retry if until is None else min(now + retry, until)
+        if outcome == "held":
+            due = now + grant.ttl / 3
+        else:
+            until = lease.state.valid_until
+            if until is not None and now >= until:
+                self._lose(grant, "its renewal reached fewer than quorum members in time")
+                return None
+            due = now + min(max(grant.ttl / 30, 0.05), 1.0)
+            due = due if until is None else min(due, until)
+        return due if limit is None else min(due, limit)
+
+    def bound(self, lease: Lease, seconds: float) -> None:
+        """End `lease` `seconds` after it was granted, on every member too: a safe-mode
+        chain bounds the grants of its lower tiers this way."""
+        seconds = check_seconds(seconds, "seconds")
+        grant = self._grant_of(lease)
+        limit = lease.acquired_at + seconds
+        with grant.lock:
+            for name, member_lease in grant.leases.items():
+                left = max(limit - member_lease.acquired_at, 0.001)
+                self.members[name].bound(member_lease, left)  # type: ignore[attr-defined]
+            grant.limit = limit if grant.limit is None else min(grant.limit, limit)
+            until = lease.state.valid_until
+            lease.state.valid_until = grant.limit if until is None else min(until, grant.limit)
+        if not lease.auto_renew:
+            self._watchdog.watch(grant, grant.limit)
 
     def _lose(self, grant: _Grant, reason: str) -> None:
         """The grant is gone: its holder is told, and what members still hold is freed."""

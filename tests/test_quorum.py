@@ -435,3 +435,23 @@ def test_lease_fields(redis_masters: RedisMasters, made: list[Quorum], key: str)
     assert quorum.is_held(outer)
     quorum.release(outer)
     assert not quorum.is_held(outer)
+
+
+def test_a_bound_lease_ends_on_time_everywhere_and_says_so(
+    redis_masters: RedisMasters, made: list[Quorum], key: str
+) -> None:
+    """What a safe-mode chain does to its lower tiers' grants, a quorum does too."""
+    quorum, other = quorum_of(redis_masters, made, watchdog_ttl=3), quorum_of(redis_masters, made)
+    for ttl in (None, 30.0):
+        lost = threading.Event()
+        lease = quorum.acquire(key, ttl=ttl, on_lost=lambda _, told=lost: told.set())
+        assert lease is not None
+        quorum.bound(lease, 0.4)
+        assert lease.valid_until is not None and lease.valid_until <= lease.acquired_at + 0.4
+        assert other.acquire(key, ttl=5, wait=0) is None
+        assert lost.wait(1.5), f"ttl={ttl}: the bound passed in silence"
+        taken = other.acquire(key, ttl=5, wait=1)
+        assert taken is not None, "a member still held the bounded grant"
+        other.release(taken)
+    chain = FallbackChain([quorum, LocalProvider()], mode="safe", max_lease=3)
+    chain.close()  # a safe chain accepts a quorum as a tier: it can be read and bounded
