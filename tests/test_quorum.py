@@ -5,6 +5,7 @@ quorum too (kind `quorum` in tests/backends.py)."""
 
 from __future__ import annotations
 
+import functools
 import itertools
 import multiprocessing
 import random
@@ -61,6 +62,10 @@ def quorum_of(
     quorum = Quorum(members, **options)
     made.append(quorum)
     return quorum
+
+
+def _set(event: threading.Event, _: Lease) -> None:
+    event.set()
 
 
 def dead_redis(name: str) -> RedisProvider:
@@ -444,7 +449,7 @@ def test_a_bound_lease_ends_on_time_everywhere_and_says_so(
     quorum, other = quorum_of(redis_masters, made, watchdog_ttl=3), quorum_of(redis_masters, made)
     for ttl in (None, 30.0):
         lost = threading.Event()
-        lease = quorum.acquire(key, ttl=ttl, on_lost=lambda _, told=lost: told.set())
+        lease = quorum.acquire(key, ttl=ttl, on_lost=functools.partial(_set, lost))
         assert lease is not None
         quorum.bound(lease, 0.4)
         assert lease.valid_until is not None and lease.valid_until <= lease.acquired_at + 0.4
