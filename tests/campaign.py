@@ -35,6 +35,7 @@ from typing import Any
 
 from locks import Breaker, FallbackChain, Lease, LockError, LockLost, LockProvider, Switch
 from locks.backends import DatabaseProvider, RedisHashProvider, ZooKeeperProvider
+from locks.quorum import Quorum
 from tests import checker
 
 SPAWN = multiprocessing.get_context("spawn")
@@ -170,6 +171,9 @@ CAMPAIGNS = {
     "zookeeper": Spec("zookeeper", ("zookeeper",), ("kill", "pause", "expire", "worker")),
     "mariadb": Spec("mariadb", ("mariadb",), ("kill", "pause", "worker", "stop")),
     "safe-chain": Spec("safe-chain", ("redis-hash", "zookeeper"), ("kill", "worker")),
+    # a quorum over five redis-servers: one or two members killed (they come back with
+    # their data) or paused at a time, holders killed and stopped
+    "redis-quorum": Spec("redis-quorum", ("redis-quorum",), ("kill", "pause", "worker", "stop")),
     "fast-chain": Spec(
         "fast-chain",
         ("redis-hash", "mariadb"),
@@ -193,6 +197,10 @@ def build(spec: Spec, worker: str) -> tuple[LockProvider, float]:
             synced = 0 if spec.variant == "no-sync" else 1
             providers.append(RedisHashProvider(address, name="redis", watchdog_ttl=1.0,
                                                sync_replicas=synced, sync_timeout=0.2))  # fmt: skip
+        elif kind == "redis-quorum":
+            members = [RedisHashProvider(url, name=f"r{i}", watchdog_ttl=1.0)
+                       for i, url in enumerate(address.split("|"))]  # fmt: skip
+            providers.append(Quorum(members, name="quorum", watchdog_ttl=1.0))
         elif kind == "zookeeper":
             cls = prefix.SilentZooKeeper if spec.variant == "zk-silent" else ZooKeeperProvider
             providers.append(cls(address, name="zk", session_timeout=SESSION))
@@ -514,6 +522,42 @@ class Outcome:
         return f"{head}\n{self.verdict.summary()}"
 
 
+class MembersOf:
+    """A quorum's five redis-servers as the nemesis sees one server: each fault takes
+    the next one or two members in turn (alternately), so every member and pair is hit;
+    a killed member comes back with its data (tests.servers.redis_masters)."""
+
+    def __init__(self, masters: Any) -> None:
+        self.masters = masters
+        self.url = masters.url
+        self._turn = 0
+        self._hit: list[Any] = []
+
+    def _next(self) -> list[Any]:
+        servers = self.masters.servers
+        count = 1 + self._turn % 2
+        first = self._turn * 2 % len(servers)
+        self._turn += 1
+        self._hit = [servers[(first + i) % len(servers)] for i in range(count)]
+        return self._hit
+
+    def kill(self) -> None:
+        for server in self._next():
+            server.kill()
+
+    def pause(self) -> None:
+        for server in self._next():
+            server.pause()
+
+    def start(self) -> None:
+        self.masters.ensure_running()
+
+    resume = ensure_running = start
+
+    def stop(self) -> None:
+        self.masters.stop()
+
+
 def run(
     spec: Spec,
     servers: dict[str, Any],
@@ -551,18 +595,19 @@ def run(
 def leftovers(spec: Spec, servers: dict[str, Any]) -> Iterator[tuple[str, str]]:
     """Lock state still on the servers once every worker stopped and every lease of a
     dead one has run out: there should be none."""
-    for kind in ("redis-hash", "redis-sentinel"):
+    for kind in ("redis-hash", "redis-sentinel", "redis-quorum"):
         if kind not in servers:
             continue
-        reader = RedisHashProvider(servers[kind].url)
-        client = reader.client
-        for raw in client.scan_iter("locks:*"):
-            name = raw.decode()
-            if not name.endswith(":fence"):
-                yield "redis key", f"{name} (pttl {client.pttl(name)})"
-            elif client.pttl(name) < 0:
-                yield "redis key without ttl", name
-        reader.close()
+        for url in servers[kind].url.split("|"):  # a quorum: each of its members
+            reader = RedisHashProvider(url)
+            client = reader.client
+            for raw in client.scan_iter("locks:*"):
+                name = raw.decode()
+                if not name.endswith(":fence"):
+                    yield "redis key", f"{url}: {name} (pttl {client.pttl(name)})"
+                elif client.pttl(name) < 0:
+                    yield "redis key without ttl", f"{url}: {name}"
+            reader.close()
     if "zookeeper" in servers:
         from kazoo.client import KazooClient  # noqa: PLC0415
 
@@ -594,6 +639,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", default=None)
     args = parser.parse_args(argv)
     from tests.servers import MariaDBServer, RedisServer, ZooKeeperServer  # noqa: PLC0415
+    from tests.servers.redis_masters import RedisMasters  # noqa: PLC0415
     from tests.servers.redis_topologies import SentinelTopology  # noqa: PLC0415
 
     out = Path(args.out or tempfile.mkdtemp(prefix="locks-soak-"))
@@ -610,6 +656,7 @@ def main(argv: list[str] | None = None) -> int:
         "zookeeper": lambda path: started_at(path, ZooKeeperServer(path)),
         "mariadb": lambda path: started_at(path, MariaDBServer(path)),
         "redis-sentinel": lambda path: PrimaryOf(started_at(path, SentinelTopology(path))),
+        "redis-quorum": lambda path: MembersOf(started_at(path, RedisMasters(path))),
     }  # fmt: skip
     started: dict[str, Any] = {}
     try:

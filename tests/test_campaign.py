@@ -14,13 +14,16 @@ from tests import campaign, checker
 from tests.campaign import CAMPAIGNS, Spec
 
 FIXTURES = {"redis-hash": "redis_server", "zookeeper": "zookeeper_server",
-            "mariadb": "mariadb_server", "redis-sentinel": "sentinel_topology"}  # fmt: skip
+            "mariadb": "mariadb_server", "redis-sentinel": "sentinel_topology",
+            "redis-quorum": "redis_masters"}  # fmt: skip
 
 
 def servers_for(spec: Spec, request: pytest.FixtureRequest) -> dict[str, Any]:
     servers = {kind: request.getfixturevalue(FIXTURES[kind]) for kind in spec.tiers}
     if "redis-sentinel" in servers:  # the nemesis kills and pauses its primary
         servers["redis-sentinel"] = campaign.PrimaryOf(servers["redis-sentinel"])
+    if "redis-quorum" in servers:  # ... and one or two of the quorum's members
+        servers["redis-quorum"] = campaign.MembersOf(servers["redis-quorum"])
     return servers
 
 
@@ -42,7 +45,7 @@ def done(outcome: campaign.Outcome, f: str) -> int:
 @pytest.mark.parametrize(
     ("name", "seed"),
     [("redis-hash", 101), ("zookeeper", 202), ("mariadb", 303), ("safe-chain", 404),
-     ("fast-chain", 505), ("redis-sentinel", 606)],
+     ("fast-chain", 505), ("redis-sentinel", 606), ("redis-quorum", 707)],
 )  # fmt: skip
 def test_a_short_campaign_finds_nothing(
     name: str, seed: int, request: pytest.FixtureRequest, tmp_path: Path
