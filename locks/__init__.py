@@ -16,6 +16,7 @@ from locks.errors import (
 from locks.events import Event, EventKind, add_observer, remove_observer
 from locks.fallback import Breaker, FallbackChain, Switch
 from locks.provider import Capabilities, Holder, Lease, Lock, LockProvider
+from locks.quorum import Quorum
 
 __all__ = [
     "AccessDenied",
@@ -36,6 +37,7 @@ __all__ = [
     "LockNotOwned",
     "LockProvider",
     "LockTimeout",
+    "Quorum",
     "Registry",
     "Switch",
     "add_observer",
