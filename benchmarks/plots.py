@@ -329,10 +329,10 @@ def _bar_scale(axes: Any, values: Sequence[float], label: str) -> float:
     low, high = min(values, default=1.0), max(values, default=1.0)
     if low > 0 and high / low > 10:
         axes.set_xscale("log")
-        axes.set_xlabel(f"{label}, log scale (lower is better)")
+        axes.set_xlabel(f"{label}\nlog scale (lower is better)")
         axes.set_xlim(low / 3, high * 6)
         return low / 3
-    axes.set_xlabel(f"{label} (lower is better)")
+    axes.set_xlabel(f"{label}\n(lower is better)")
     axes.set_xlim(0, high * 1.3)
     return 0.0
 
@@ -345,7 +345,7 @@ def draw_quorum(title: str, rows: Sequence[QuorumRow], path: Path | None = None)
     names = [f"{r['group']}: {r['name']}" for r in rows]
     colours = [OURS_COLOUR if r["ours"] else PEER_COLOUR for r in rows]
     ys = list(range(len(rows)))
-    figure = _figure(14, 1.8 + 0.42 * len(rows))
+    figure = _figure(15, 2.0 + 0.42 * len(rows))
     rate_axes, latency_axes, handoff_axes = figure.subplots(
         1, 3, sharey=True, gridspec_kw={"width_ratios": [1.2, 1, 1]}
     )
@@ -354,13 +354,13 @@ def draw_quorum(title: str, rows: Sequence[QuorumRow], path: Path | None = None)
     rate_axes.barh(ys, rates, color=colours)  # linear: bar lengths are the ratios
     rate_axes.set_yticks(ys, names)
     rate_axes.invert_yaxis()  # the table's order, top to bottom
-    rate_axes.set_xlabel("uncontended acquire + release, cycles/s (higher is better)")
+    rate_axes.set_xlabel("uncontended acquire + release, cycles/s\n(higher is better)")
     for y, rate in zip(ys, rates, strict=True):
         rate_axes.annotate(f" {rate:,.0f}", (rate, y), va="center", fontsize=8)
     rate_axes.set_xlim(right=max(rates, default=1.0) * 1.25)
 
     p50s, p99s = [r["acquire_p50_ms"] for r in rows], [r["acquire_p99_ms"] for r in rows]
-    low = _bar_scale(latency_axes, [*p50s, *p99s], "uncontended acquire, ms: p50 bar, p99 mark")
+    low = _bar_scale(latency_axes, [*p50s, *p99s], "acquire ms: p50 bar, p99 mark")
     latency_axes.barh(ys, [p50 - low for p50 in p50s], left=low, color=colours)
     latency_axes.scatter(p99s, ys, marker="|", s=120, color="#d62728", zorder=3)
     for y, p50, p99 in zip(ys, p50s, p99s, strict=True):
