@@ -29,7 +29,7 @@ typecheck: $(VENV)/.installed
 	$(BIN)/mypy
 
 docs: $(VENV)/.installed
-	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict --quiet --site-dir .site
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict --site-dir .site
 
 demo: $(VENV)/.installed
 	$(BIN)/locks demo
