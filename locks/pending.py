@@ -9,6 +9,7 @@ import threading
 from dataclasses import dataclass
 
 from locks.errors import BackendUnavailable, LockNotOwned
+from locks.forking import start_afresh_when_forked
 from locks.provider import Lease, LockProvider
 
 
@@ -26,8 +27,15 @@ class PendingReleases:
     """The queues, one per backend name."""
 
     def __init__(self) -> None:
+        self._reset()
+        start_afresh_when_forked(self)
+
+    def _reset(self) -> None:
         self._lock = threading.Lock()
         self._queues: dict[str, list[Pending]] = {}
+
+    def after_fork_in_child(self) -> None:
+        self._reset()  # what waits is the parent's to send, not a child's
 
     def queue(self, backend: str, item: Pending) -> None:
         with self._lock:
