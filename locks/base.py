@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import time
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Hashable, Iterator
@@ -155,6 +156,11 @@ class ProviderBase(ABC):
             return None
         return lambda: self._granted(attempt, self._reporting(attempt.key, read))
 
+    def splits(self) -> bool:
+        """Whether `start_acquire` and `start_release` send their request at once (else
+        `start_acquire` returns None and `start_release` leaves all to its call)."""
+        return False
+
     def _start_try(
         self, key: str, owner: str, token: str, ttl: float
     ) -> Callable[[], Grant | None] | None:
@@ -207,6 +213,12 @@ class ProviderBase(ABC):
         return lease
 
     def release(self, lease: Lease) -> None:
+        self.start_release(lease)()
+
+    def start_release(self, lease: Lease) -> Callable[[], None]:
+        """`release` in two halves: the bookkeeping, and the request where the backend
+        can split it, happen now; the call returned finishes (it raises what `release`
+        would). A quorum releases on all its members from one thread this way."""
         self._check_mine(lease)
         state = lease.state
         hold = self._hold_of(lease)
@@ -225,20 +237,37 @@ class ProviderBase(ABC):
                 last = not hold.ending and not hold.live(now)
                 hold.ending = hold.ending or last
             if not last:  # other levels live on: nothing to tell the server
-                self._released(lease, expired)
-                return
+                return functools.partial(self._released, lease, expired)
         # The last live level: the hold's grant goes, even if this lease itself ran out
         # (an outer level's longer expiry may still hold the key on the server, for
         # nobody). Named by the grant's own token, it can touch no other grant.
         owner = hold.provider  # its connection made the grant
         try:
-            released = owner._reporting(lease.key, owner._release, hold.anchor)
+            read = owner._reporting(lease.key, owner._start_release, hold.anchor)
         except BackendUnavailable:
             state.release_failed()  # it may have run: a retry is safe, under the same token
-            raise
-        finally:
             owner._forget(hold)
-        self._released(lease, expired, refused=not released)
+            raise
+        except BaseException:
+            owner._forget(hold)
+            raise
+
+        def finish() -> None:
+            try:
+                released = owner._reporting(lease.key, read)
+            except BackendUnavailable:
+                state.release_failed()
+                raise
+            finally:
+                owner._forget(hold)
+            self._released(lease, expired, refused=not released)
+
+        return finish
+
+    def _start_release(self, lease: Lease) -> Callable[[], bool]:
+        """Send the release of the grant `lease` anchors where the backend can split it;
+        what reads its outcome (`_release`'s). By default all of it runs in that call."""
+        return functools.partial(self._release, lease)
 
     def _released(self, lease: Lease, expired: bool, *, refused: bool = False) -> None:
         if expired:

@@ -64,6 +64,12 @@ class RaisesFence(Protocol):
     def raise_fence(self, key: str, floor: int) -> None: ...
 
 
+def _splits(member: LockProvider) -> bool:
+    """Whether `member` sends a request at once and reads its answer later."""
+    splits = getattr(member, "splits", None)
+    return splits is not None and bool(splits())
+
+
 def majority(members: int) -> int:
     return members // 2 + 1
 
@@ -374,8 +380,12 @@ class Quorum:
         threaded: list[str] = []
         outcomes: dict[str, Lease | BaseException | None] = {}
         for name in names:
-            start = getattr(self.members[name], "start_acquire", None)
-            read = None if start is None else self._caught(start, request.key, ttl=request.ttl)
+            member = self.members[name]
+            if not _splits(member):
+                threaded.append(name)
+                continue
+            start = member.start_acquire  # type: ignore[attr-defined]
+            read = self._caught(start, request.key, ttl=request.ttl)
             if isinstance(read, BaseException):
                 outcomes[name] = read
             elif read is None:
@@ -458,14 +468,31 @@ class Quorum:
         return at_floor + raised >= needed
 
     def _undo(self, leases: dict[str, Lease], owner: str) -> None:
-        """Release member grants quietly; a member that does not answer gets it queued."""
+        """Release member grants quietly; a member that does not answer gets it queued.
+        Members that split a call are sent theirs from this thread before any answer is
+        read; the others are released on pool threads meanwhile."""
         if not leases:
             return
+        split = [name for name in leases if _splits(self.members[name])]
+        threaded = [name for name in leases if name not in split]
 
         def release(member: LockProvider) -> None:
             member.release(leases[member.name])
 
-        for name, outcome in self._each(list(leases), release, owner).items():
+        futures = self._submit(threaded, release, owner)
+        outcomes: dict[str, BaseException | None] = {}
+        finishers: dict[str, Callable[[], None]] = {}
+        for name in split:
+            start = self.members[name].start_release  # type: ignore[attr-defined]
+            finisher = self._caught(start, leases[name])
+            if isinstance(finisher, BaseException):
+                outcomes[name] = finisher
+            else:
+                finishers[name] = finisher
+        for name, finish in finishers.items():
+            outcomes[name] = self._caught(finish)
+        self._collect(futures, outcomes)
+        for name, outcome in outcomes.items():
             if isinstance(outcome, BackendUnavailable):
                 self._pending.queue(name, Pending(lease=leases[name]))
 

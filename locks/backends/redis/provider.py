@@ -202,18 +202,49 @@ class _RedisProviderBase(ProviderBase):
     def _start_try(
         self, key: str, owner: str, token: str, ttl: float
     ) -> Callable[[], Grant | None] | None:
-        """The acquire script sent on a connection of its own, its reply read later (a
-        quorum sends to all its members before it reads from any). Not with
-        `sync_replicas` (WAIT follows on the same connection) nor on a cluster."""
-        client = self.topology.client()
-        if self._sync is not None or not isinstance(client, redis.Redis):
-            return None
+        """The acquire script sent now, its reply read later (a quorum sends to all its
+        members before it reads from any). Not with `sync_replicas` (WAIT follows on
+        the same connection) nor on a cluster."""
         keys = self._keys(key)
-        script = self._acquire_script
-        call = [len([keys.lock, keys.fence]), keys.lock, keys.fence,
-                *self._acquire_args(keys, owner, token, _ms(ttl))]  # fmt: skip
-        pool = client.connection_pool
         sent_at = time.monotonic()
+        args = self._acquire_args(keys, owner, token, _ms(ttl))
+        read = self._send(self._acquire_script, [keys.lock, keys.fence], args, key, token)
+        if read is None:
+            return None
+
+        def grant() -> Grant | None:
+            reply = read()
+            fence = reply if isinstance(reply, int) else 0
+            return Grant(token, fence, 1, sent_at) if fence > 0 else None
+
+        return grant
+
+    def _start_release(self, lease: Lease) -> Callable[[], bool]:
+        keys = self._keys(lease.key)
+        args = [self._value(lease.owner, lease.token), keys.channel]
+        read = self._send(self._release_script, [keys.lock], args, lease.key)
+        if read is None:
+            return super()._start_release(lease)
+        return lambda: bool(read() == 1)
+
+    def splits(self) -> bool:
+        """On one server or behind Sentinel, without `sync_replicas` (a WAIT must follow
+        on the same connection); not on a cluster, whose client picks the node."""
+        with self._translated():
+            return self._sync is None and isinstance(self.topology.client(), redis.Redis)
+
+    def _send(
+        self, script: Script, keys: list[str], args: list[Any], key: str, token: str | None = None
+    ) -> Callable[[], Any] | None:
+        """`script` sent on a connection of its own, and what reads its reply; None where
+        a call cannot be split here (a cluster, or `sync_replicas`). `token`: the call
+        is an acquire under it, whose outcome a failure leaves unknown."""
+        if not self.splits():
+            return None
+        client = self.topology.client()
+        assert isinstance(client, redis.Redis)
+        call = [len(keys), *keys, *args]
+        pool = client.connection_pool
         try:
             connection = pool.get_connection()
         except (*self.driver_errors, *self.unavailable_errors) as exc:
@@ -222,23 +253,23 @@ class _RedisProviderBase(ProviderBase):
             connection.send_command("EVALSHA", script.sha, *call)  # type: ignore[no-untyped-call]
         except (*self.driver_errors, *self.unavailable_errors) as exc:
             pool.release(connection)
-            raise self._error(exc, ambiguous=_maybe_sent(exc), key=key, token=token) from exc
+            maybe = token is not None and _maybe_sent(exc)
+            raise self._error(exc, ambiguous=maybe, key=key, token=token) from exc
 
-        def read() -> Grant | None:
+        def read() -> Any:
             try:
                 try:
-                    reply = connection.read_response()
+                    return connection.read_response()
                 except errors.NoScriptError:
                     connection.send_command("EVAL", script.source, *call)  # type: ignore[no-untyped-call]
-                    reply = connection.read_response()
+                    return connection.read_response()
             except (*self.driver_errors, *self.unavailable_errors) as exc:
                 # a reply may still be on its way: never reuse the connection
                 connection.disconnect()  # type: ignore[no-untyped-call]
-                raise self._error(exc, ambiguous=True, key=key, token=token) from exc
+                maybe = token is not None
+                raise self._error(exc, ambiguous=maybe, key=key, token=token) from exc
             finally:
                 pool.release(connection)
-            fence = reply if isinstance(reply, int) else 0
-            return Grant(token, fence, 1, sent_at) if fence > 0 else None
 
         return read
 
