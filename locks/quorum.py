@@ -442,7 +442,12 @@ class Quorum:
         until: float = expiries[self.quorum - 1]
         if until == float("inf"):
             return None
-        return until - (ttl * self.drift + 0.002)
+        return until - self.margin(ttl)
+
+    def margin(self, ttl: float) -> float:
+        """What every validity of a lease of `ttl` is cut by: the clock-drift allowance
+        (members expire by their own clocks, we count by ours)."""
+        return ttl * self.drift + 0.002
 
     def _raise_floor(self, key: str, fence: int, votes: _Votes, owner: str) -> bool:
         """Make `fence` the floor of `key` on enough members that every later majority
@@ -506,13 +511,16 @@ class Quorum:
 
     # -- release, extend, renewal -----------------------------------------------------------
 
-    def _grant_of(self, lease: Lease) -> _Grant:
+    def _check_lease(self, lease: Lease) -> None:
         if not isinstance(lease, Lease):
             raise TypeError(f"lease must be a Lease, not {type(lease).__name__}")
         if lease.backend != self.name:
             raise ValueError(f"lease was granted by {lease.backend!r}, not by {self.name!r}")
+
+    def _grant_of(self, lease: Lease) -> _Grant:
+        self._check_lease(lease)
         grant = lease.state.hold
-        if not isinstance(grant, _Grant) or grant.quorum is not self:
+        if not isinstance(grant, _Grant):  # made by hand, not granted: nothing it can touch
             raise LockNotOwned(f"{lease.key!r}: this lease was never granted in this process")
         if not in_this_process(lease.owner):
             raise LockNotOwned(
@@ -542,6 +550,9 @@ class Quorum:
         """Release on every member; one that does not answer gets it queued, so this
         raises only `LockNotOwned` for a lease that had ended or expired."""
         grant = self._grant_of(lease)
+        if grant.quorum is not self:  # granted through another object of this quorum
+            grant.quorum.release(lease)
+            return
         try:
             lease.state.begin_release()
         except LookupError as ended:
@@ -564,6 +575,8 @@ class Quorum:
     def extend(self, lease: Lease, ttl: float | None = None) -> Lease:
         new_ttl = check_ttl(ttl)
         grant = self._grant_of(lease)
+        if grant.quorum is not self:
+            return grant.quorum.extend(lease, new_ttl)
         new_ttl = lease.ttl if new_ttl is None else new_ttl
         if not lease.state.live(time.monotonic()):
             raise LockNotOwned(
@@ -643,6 +656,9 @@ class Quorum:
         chain bounds the grants of its lower tiers this way."""
         seconds = check_seconds(seconds, "seconds")
         grant = self._grant_of(lease)
+        if grant.quorum is not self:
+            grant.quorum.bound(lease, seconds)
+            return
         limit = lease.acquired_at + seconds
         with grant.lock:
             for name, member_lease in grant.leases.items():
@@ -664,9 +680,13 @@ class Quorum:
             self._undo(leases, grant.owner)
 
     def is_held(self, lease: Lease) -> bool:
-        grant = self._grant_of(lease)
-        if not lease.state.live(time.monotonic()):
+        self._check_lease(lease)
+        grant = lease.state.hold
+        live = lease.state.live(time.monotonic())
+        if not in_this_process(lease.owner) or not live or not isinstance(grant, _Grant):
             return False
+        if grant.quorum is not self:
+            return grant.quorum.is_held(lease)
 
         def held(member: LockProvider) -> bool:
             return member.is_held(grant.leases[member.name])

@@ -234,6 +234,12 @@ def model_machine(
 
         # -- helpers --------------------------------------------------------------------
 
+        def cut(self, ttl: float) -> float:
+            """What the provider takes off a lease's validity (a quorum: its drift
+            allowance); nothing elsewhere."""
+            margin: Callable[[float], float] | None = getattr(self.provider, "margin", None)
+            return 0.0 if margin is None else margin(ttl)
+
         def timed(self, owner: int, call: Callable[[], T]) -> tuple[T, float, float]:
             """Run `call` on `owner`'s thread; its result and the window it ran in."""
             t0 = time.monotonic()
@@ -356,7 +362,7 @@ def model_machine(
             elif seconds is None:
                 lo = hi = math.inf
             else:
-                lo, hi = t0 + seconds, t1 + seconds
+                lo, hi = t0 + seconds - self.cut(seconds), t1 + seconds - self.cut(seconds)
                 assert lease.valid_until is not None and lo <= lease.valid_until <= hi, (
                     f"{where}: valid until {lease.valid_until}, not within [{lo}, {hi}]"
                 )
@@ -432,9 +438,9 @@ def model_machine(
             level.pushed = max(level.pushed, t1 + ttl)
             if level.auto:  # renewed on; a short extend leaves it in doubt till the next one
                 if ttl < WATCHDOG_TTL:
-                    level.lo = min(level.lo, t0 + ttl)
+                    level.lo = min(level.lo, t0 + ttl - self.cut(ttl))
             else:
-                level.lo, level.hi = t0 + ttl, t1 + ttl
+                level.lo, level.hi = t0 + ttl - self.cut(ttl), t1 + ttl - self.cut(ttl)
                 level.lease = outcome  # its ttl is the drift check() counts with
 
         @precondition(lambda self: self.some_unreleased())

@@ -460,3 +460,26 @@ def test_a_bound_lease_ends_on_time_everywhere_and_says_so(
         other.release(taken)
     chain = FallbackChain([quorum, LocalProvider()], mode="safe", max_lease=3)
     chain.close()  # a safe chain accepts a quorum as a tier: it can be read and bounded
+
+
+def test_a_lease_is_served_by_any_quorum_object_of_the_same_name(
+    redis_masters: RedisMasters, made: list[Quorum], key: str
+) -> None:
+    """As on every backend, a lease can be released through another provider object of
+    its lock domain, and one from a closed object is simply over (found by the model:
+    `is_held` raised instead of answering False)."""
+    first, second = quorum_of(redis_masters, made), quorum_of(redis_masters, made)
+    lease = first.acquire(key, ttl=30)
+    assert lease is not None
+    assert second.is_held(lease)
+    assert second.extend(lease, 20).ttl == 20
+    second.release(lease)
+    assert not first.is_held(lease)
+    closed = first.acquire(key, ttl=30)
+    assert closed is not None
+    first.close()
+    assert not second.is_held(closed)
+    with pytest.raises(LockNotOwned):
+        second.extend(closed, 10)
+    with pytest.raises(LockNotOwned):
+        second.release(closed)
