@@ -19,7 +19,7 @@ from locks.events import EventKind, emit
 from locks.holds import Hold, holds
 from locks.names import check_acquire, check_name, check_seconds, check_ttl
 from locks.owner import current_owner, in_this_process, new_token
-from locks.provider import Capabilities, Holder, Lease, LeaseState, Lock, LostCallback
+from locks.provider import Capabilities, Holder, Lease, LeaseState, LostCallback, MakesLocks
 from locks.watchdog import Watchdog, mark_lost
 
 P = ParamSpec("P")
@@ -51,7 +51,7 @@ class _Attempt(NamedTuple):
     domain: Hashable | None  # where its holds are found again (None: not reentrant)
 
 
-class ProviderBase(ABC):
+class ProviderBase(MakesLocks, ABC):
     type_name: ClassVar[str]  # the backend type, as config names it
     capabilities: ClassVar[Capabilities]
     # The driver's errors, sorted: "cannot be reached now" (the only ones that degrade),
@@ -114,7 +114,7 @@ class ProviderBase(ABC):
             self._domain_key = self._domain()
         return self._domain_key
 
-    def _check_hold(self, hold: Hold) -> None:  # noqa: B027 - a hook, empty by default
+    def _check_hold(self, hold: Hold) -> None:
         """Raise `BackendUnavailable` if a new level of `hold` cannot be vouched for now
         (ZooKeeper: the session is in doubt)."""
 
@@ -378,16 +378,6 @@ class ProviderBase(ABC):
                     self._reporting(hold.key, self._release, hold.anchor)
                 except LockError:
                     reachable = False  # one failure is enough: the rest expire by themselves
-
-    def lock(
-        self,
-        key: str,
-        *,
-        ttl: float | None = None,
-        wait: float | None = None,
-        on_lost: LostCallback | None = None,
-    ) -> Lock:
-        return Lock(self, key, ttl=ttl, wait=wait, on_lost=on_lost)
 
     # -- holds and their levels ---------------------------------------------------------
 

@@ -9,7 +9,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from enum import Enum
 from types import TracebackType
-from typing import Protocol, runtime_checkable
+from typing import Protocol, cast, runtime_checkable
 
 from locks.errors import LockLost, LockTimeout
 from locks.names import check_name, check_ttl, check_wait
@@ -301,3 +301,18 @@ class Lock:
         traceback: TracebackType | None,
     ) -> None:
         self.release()
+
+
+class MakesLocks:
+    """The protocol's `lock`, for every provider (backends, chains, quorums): a `Lock`
+    handle bound to it."""
+
+    def lock(
+        self,
+        key: str,
+        *,
+        ttl: float | None = None,
+        wait: float | None = None,
+        on_lost: LostCallback | None = None,
+    ) -> Lock:
+        return Lock(cast(LockProvider, self), key, ttl=ttl, wait=wait, on_lost=on_lost)

@@ -48,7 +48,15 @@ from locks.forking import start_afresh_when_forked
 from locks.names import check_acquire, check_name, check_seconds, check_ttl
 from locks.owner import acting_for, current_owner, in_this_process, new_token
 from locks.pending import Pending, PendingReleases
-from locks.provider import Capabilities, Holder, Lease, LeaseState, Lock, LockProvider, LostCallback
+from locks.provider import (
+    Capabilities,
+    Holder,
+    Lease,
+    LeaseState,
+    LockProvider,
+    LostCallback,
+    MakesLocks,
+)
 from locks.watchdog import Watchdog, mark_lost
 
 R = TypeVar("R")
@@ -140,7 +148,7 @@ class _Votes:
     failed: dict[str, LockError] = field(default_factory=dict)  # unavailable or erring
 
 
-class Quorum:
+class Quorum(MakesLocks):
     """A `LockProvider` over independent members, granting on a quorum of them."""
 
     type_name = "quorum"
@@ -744,13 +752,3 @@ class Quorum:
         for grant in grants:
             self._lose(grant, f"its quorum {self.name!r} was closed")
         self._pool.shutdown(wait=False)
-
-    def lock(
-        self,
-        key: str,
-        *,
-        ttl: float | None = None,
-        wait: float | None = None,
-        on_lost: LostCallback | None = None,
-    ) -> Lock:
-        return Lock(self, key, ttl=ttl, wait=wait, on_lost=on_lost)

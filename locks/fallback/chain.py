@@ -47,7 +47,7 @@ from locks.fallback.switch import Switch
 from locks.names import check_acquire, check_name, check_seconds
 from locks.owner import current_owner
 from locks.pending import Pending, PendingReleases
-from locks.provider import Capabilities, Holder, Lease, Lock, LockProvider, LostCallback
+from locks.provider import Capabilities, Holder, Lease, LockProvider, LostCallback, MakesLocks
 
 logger = logging.getLogger("locks")
 R = TypeVar("R")
@@ -98,7 +98,7 @@ class _Again(Exception):
         self.contended = contended
 
 
-class FallbackChain:
+class FallbackChain(MakesLocks):
     """A `LockProvider` whose tiers are tried in order within one deadline."""
 
     type_name = "chain"
@@ -467,13 +467,3 @@ class FallbackChain:
         """Stop watching failed tiers. The tiers themselves may serve other chains and
         are closed by whoever made them."""
         self._closed.set()
-
-    def lock(
-        self,
-        key: str,
-        *,
-        ttl: float | None = None,
-        wait: float | None = None,
-        on_lost: LostCallback | None = None,
-    ) -> Lock:
-        return Lock(self, key, ttl=ttl, wait=wait, on_lost=on_lost)
