@@ -46,7 +46,7 @@ def test_durations_must_be_finite_numbers() -> None:
 
 
 def test_a_new_thread_never_inherits_a_dead_threads_owner_id() -> None:
-    provider = LocalProvider()
+    provider = LocalProvider(name="dead-threads")  # its lock stays held: a namespace of its own
     seen: list[tuple[int, str, Lease | None]] = []
 
     def take() -> None:
