@@ -19,7 +19,6 @@ under the entry-point group `locks.backends`.
 
 from __future__ import annotations
 
-import functools
 import importlib
 import inspect
 import os
@@ -317,20 +316,7 @@ class Registry:
         """Run the decorated function under the lock named by `key_template`, formatted
         with the call's arguments: `@registry.locked("order:{order_id}", scenario="order")`."""
         chain = self.chain(scenario)  # an unknown scenario fails at decoration time
-
-        def decorate(function: Callable[P, R]) -> Callable[P, R]:
-            signature = inspect.signature(function)
-
-            @functools.wraps(function)
-            def wrapper(*args: P.args, **kwargs: P.kwargs) -> R:
-                bound = signature.bind(*args, **kwargs)
-                bound.apply_defaults()
-                with chain.lock(key_template.format(**bound.arguments), ttl=ttl, wait=wait):
-                    return function(*args, **kwargs)
-
-            return wrapper
-
-        return decorate
+        return chain.locked(key_template, ttl=ttl, wait=wait)
 
     def __iter__(self) -> Iterator[str]:
         return iter(self._backends)

@@ -3,17 +3,24 @@ user-facing `Lock` handle."""
 
 from __future__ import annotations
 
+import functools
+import inspect
+import re
+import string
 import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from enum import Enum
 from types import TracebackType
-from typing import Protocol, cast, runtime_checkable
+from typing import ParamSpec, Protocol, TypeVar, cast, runtime_checkable
 
 from locks.errors import LockLost, LockTimeout
 from locks.names import check_name, check_ttl, check_wait
 from locks.owner import in_this_process
+
+P = ParamSpec("P")
+R = TypeVar("R")
 
 
 @dataclass(frozen=True, slots=True)
@@ -304,8 +311,8 @@ class Lock:
 
 
 class MakesLocks:
-    """The protocol's `lock`, for every provider (backends, chains, quorums): a `Lock`
-    handle bound to it."""
+    """The protocol's `lock`, and the `locked` decorator, for every provider (backends,
+    chains, quorums)."""
 
     def lock(
         self,
@@ -316,3 +323,49 @@ class MakesLocks:
         on_lost: LostCallback | None = None,
     ) -> Lock:
         return Lock(cast(LockProvider, self), key, ttl=ttl, wait=wait, on_lost=on_lost)
+
+    def locked(
+        self, key_template: str, *, ttl: float | None = None, wait: float | None = None
+    ) -> Callable[[Callable[P, R]], Callable[P, R]]:
+        """Run the decorated function under the lock named by `key_template`, formatted
+        with the call's arguments: `@provider.locked("order:{order_id}", wait=2)`.
+        Raises `LockTimeout` when `wait` runs out."""
+        check_ttl(ttl)
+        check_wait(wait)
+
+        def decorate(function: Callable[P, R]) -> Callable[P, R]:
+            if inspect.iscoroutinefunction(function):
+                # the lock would be taken and released around making the coroutine,
+                # and the body would run unlocked
+                raise TypeError(
+                    f"{function.__qualname__} is a coroutine function: a thread's lock "
+                    "cannot guard its awaited body"
+                )
+            signature = inspect.signature(function)
+            _check_template(key_template, signature, function)
+
+            @functools.wraps(function)
+            def wrapper(*args: P.args, **kwargs: P.kwargs) -> R:
+                bound = signature.bind(*args, **kwargs)
+                bound.apply_defaults()
+                with self.lock(key_template.format(**bound.arguments), ttl=ttl, wait=wait):
+                    return function(*args, **kwargs)
+
+            return wrapper
+
+        return decorate
+
+
+def _check_template(template: str, signature: inspect.Signature, function: object) -> None:
+    """Every field of `template` must be an argument of the function (a `KeyError` at
+    the first call would name neither)."""
+    for _, field_name, _, _ in string.Formatter().parse(template):
+        if field_name is None:
+            continue
+        argument = re.split(r"[.\[]", field_name, maxsplit=1)[0]
+        if argument not in signature.parameters:
+            name = getattr(function, "__qualname__", repr(function))
+            raise ValueError(
+                f"key_template {template!r} names {{{field_name}}}, but {name} has no "
+                f"argument {argument!r} (it has: {', '.join(signature.parameters) or 'none'})"
+            )

@@ -403,3 +403,35 @@ def test_errors_cross_process_boundaries() -> None:
         assert copy.__dict__.keys() == original.__dict__.keys()
     assert pickle.loads(pickle.dumps(error)).token == "t"
     assert pickle.loads(pickle.dumps(every)).causes["redis"].ambiguous
+
+
+def test_every_provider_decorates_a_function_with_its_lock() -> None:
+    provider = LocalProvider(name="decorated")
+    inside: list[str] = []
+
+    @provider.locked("order:{order_id}:{kind}", ttl=5, wait=1)
+    def process(order_id: int, kind: str = "paid") -> str:
+        holder = provider.holder(f"order:{order_id}:{kind}")
+        inside.append(holder.owner if holder else "")
+        return f"{order_id}/{kind}"
+
+    assert process(7) == "7/paid"
+    assert process(order_id=8, kind="refund") == "8/refund"
+    assert all(inside) and len(provider) == 0  # held inside, released after
+    assert process.__name__ == "process"
+
+
+def test_a_decorator_refuses_what_would_lock_nothing_or_fail_later() -> None:
+    provider = LocalProvider(name="decorated-badly")
+
+    async def pay(order_id: int) -> None: ...
+
+    with pytest.raises(TypeError, match="coroutine function"):
+        provider.locked("pay:{order_id}")(pay)
+    with pytest.raises(ValueError, match=r"names \{sku\}, but .*has no argument 'sku'"):
+
+        @provider.locked("stock:{sku}")
+        def reserve(item: str) -> None: ...
+
+    with pytest.raises(ValueError, match="ttl"):
+        provider.locked("x", ttl=-1)
