@@ -14,6 +14,9 @@ if TYPE_CHECKING:
     from locks.provider import Lease
 
 logger = logging.getLogger("locks")
+# A library's convention: nothing on stderr unless the application set up logging
+# (without it Python's last-resort handler would print every warning bare).
+logger.addHandler(logging.NullHandler())
 
 
 class EventKind(StrEnum):

@@ -435,3 +435,21 @@ def test_a_decorator_refuses_what_would_lock_nothing_or_fail_later() -> None:
 
     with pytest.raises(ValueError, match="ttl"):
         provider.locked("x", ttl=-1)
+
+
+def test_an_application_without_logging_set_up_hears_nothing_on_stderr() -> None:
+    """A library adds a NullHandler: a failed acquire is the caller's exception, not
+    bare warning lines from Python's last-resort handler."""
+    code = (
+        "from locks import BackendUnavailable\n"
+        "from locks.backends import RedisProvider\n"
+        "provider = RedisProvider('redis://127.0.0.1:1/0')\n"
+        "try:\n"
+        "    provider.acquire('k', ttl=1, wait=0)\n"
+        "except BackendUnavailable:\n"
+        "    print('raised')\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          timeout=60, check=True)  # fmt: skip
+    assert done.stdout == "raised\n"
+    assert done.stderr == ""

@@ -219,7 +219,8 @@ class FallbackChain(MakesLocks):
                 causes[tier] = error
                 following = tiers[position + 1] if position + 1 < len(tiers) else None
                 self.counts["degraded"] += 1
-                emit(EventKind.DEGRADED, tier, request.key, error=error, detail=f"to {following}")
+                detail = f"to {following}" if following else "with no tier left"
+                emit(EventKind.DEGRADED, tier, request.key, error=error, detail=detail)
                 continue
             except BaseException:  # no verdict on the tier (a bug, an interrupt): free the probe
                 self.breakers[tier].release_probe()
