@@ -245,3 +245,28 @@ def test_the_command_runs_with_no_server_client_installed(tmp_path: Path) -> Non
         )
         assert done.returncode == 0, done.stderr
     assert tomllib.loads(switch.read_text()) == {"disable": ['odd"name']}
+
+
+def test_the_entry_point_has_a_version_and_takes_options_where_users_put_them(
+    tmp_path: Path,
+) -> None:
+    """Through the installed `locks` script: --version; -v after the subcommand; `check`
+    takes the file as an argument, as --config, or from $LOCKS_CONFIG."""
+    script = str(Path(sys.executable).with_name("locks"))
+    plain = {k: v for k, v in os.environ.items() if k != "LOCKS_CONFIG"}
+
+    def locks(*arguments: str, env: dict[str, str] = plain) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([script, *arguments], capture_output=True, text=True,
+                              timeout=60, env=env, cwd=tmp_path, check=False)  # fmt: skip
+
+    assert re.fullmatch(r"locks \d+\.\d+\.\d+\S*\n", locks("--version").stdout)
+    config = tmp_path / "app.toml"
+    config.write_text('[backends]\nlocal = { type = "local" }\n')
+    for done in [
+        locks("check", str(config), "-v"),
+        locks("check", "--config", str(config)),
+        locks("check", env={**plain, "LOCKS_CONFIG": str(config)}),
+    ]:
+        assert (done.returncode, done.stdout) == (0, "ok: backends local; scenarios \n"), done
+    nothing = locks("check")  # no file, no $LOCKS_CONFIG, no ./locks.toml
+    assert nothing.returncode == 2 and "no configuration to check" in nothing.stderr

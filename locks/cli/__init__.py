@@ -15,7 +15,9 @@ import importlib
 import logging
 import sys
 from collections.abc import Sequence
+from importlib import metadata
 
+from locks.cli.common import quiet_drivers
 from locks.errors import BackendUnavailable, ConfigError, LockError
 
 OK, PROBLEM, USAGE, UNAVAILABLE = 0, 1, 2, 3
@@ -33,21 +35,26 @@ def parser() -> argparse.ArgumentParser:
     top.add_argument(
         "-v", "--verbose", action="store_true", help="also print the library's own log"
     )
+    top.add_argument("--version", action="version", version=f"%(prog)s {_version()}")
     commands = top.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for name in COMMANDS:
         importlib.import_module(f"locks.cli.{name}").register(commands)
     return top
 
 
+def _version() -> str:
+    try:
+        return metadata.version("fallback-locks")
+    except metadata.PackageNotFoundError:  # run from a checkout that was never installed
+        return "unknown"
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = parser().parse_args(argv)
-    library_log = logging.getLogger("locks")
     if args.verbose:
         logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
-    elif not library_log.handlers:
-        # the commands report what matters themselves; without a handler, Python would
-        # print every warning of the library (each failed try of a dead backend)
-        library_log.addHandler(logging.NullHandler())
+    else:
+        quiet_drivers()
     try:
         result: int = args.run(args)
     except ConfigError as exc:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import importlib.util
 import json
+import logging
 import os
 import sys
 import tempfile
@@ -47,6 +48,14 @@ class Loaded:
     notes: list[str]
 
 
+def quiet_drivers() -> None:
+    """The commands report what matters themselves: without a handler, Python would
+    print every warning a driver logs (kazoo: each reconnection try to a dead
+    ZooKeeper). The library's own logger has a NullHandler already."""
+    for name in ("kazoo",):
+        logging.getLogger(name).addHandler(logging.NullHandler())
+
+
 def command(
     commands: Any,
     name: str,
@@ -63,6 +72,9 @@ def command(
         description=doc,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
+    # -v after the subcommand too (`locks status -v`); unset there, the top's stands
+    parser.add_argument("-v", "--verbose", action="store_true", default=argparse.SUPPRESS,
+                        help="also print the library's own log")  # fmt: skip
     if config:
         add_config_option(parser)
     parser.set_defaults(run=run)

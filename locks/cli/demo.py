@@ -16,7 +16,6 @@ sold exactly the stock, 1 when it oversold (or a worker failed).
 from __future__ import annotations
 
 import argparse
-import logging
 import multiprocessing
 import os
 import sys
@@ -34,6 +33,7 @@ from locks.cli.common import (
     load,
     milliseconds,
     probe,
+    quiet_drivers,
     table,
     write_atomically,
 )
@@ -125,7 +125,7 @@ class Job:
 
 def worker(job: Job, start: Any) -> None:
     """One seller, in its own process."""
-    logging.getLogger("locks").addHandler(logging.NullHandler())  # the parent reports
+    quiet_drivers()  # the parent reports
     shop = Shop(Path(job.folder))
     registry: Registry | None = None
     try:
