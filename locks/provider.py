@@ -181,7 +181,7 @@ class Holder:
 
 @runtime_checkable
 class LockProvider(Protocol):
-    """A lock backend, or a chain of them. See DESIGN.md for the semantics."""
+    """A lock backend, a chain or a quorum of them. The semantics: docs/semantics.md."""
 
     name: str
 
@@ -293,11 +293,17 @@ class Lock:
         return lease is not None and self.provider.is_held(lease)
 
     def __enter__(self) -> Lease:
+        mine = bool(self._stack())  # this thread holds it through this handle already
         lease = self.acquire()
         if lease is None:
+            where = f"{self.key!r} on {self.provider.name!r}"
+            if mine and not self.provider.capabilities.reentrant:
+                raise LockTimeout(
+                    f"{where} is already held by this thread, and {self.provider.name!r} "
+                    "is not reentrant: a nested `with` cannot take it again"
+                )
             raise LockTimeout(
-                f"{self.key!r} on {self.provider.name!r} stayed held by another owner "
-                f"for the whole wait of {self.wait} s"
+                f"{where} stayed held by another owner for the whole wait of {self.wait} s"
             )
         return lease
 

@@ -15,7 +15,7 @@ import pytest
 
 import locks
 from locks import Capabilities, Lease, LockLost, LockNotOwned, LockTimeout
-from locks.backends import LocalProvider, RedisHashProvider
+from locks.backends import LocalProvider, RedisHashProvider, RedisProvider
 from locks.events import Event, EventKind, add_observer, remove_observer
 from locks.names import check_name, check_ttl, check_wait
 from locks.owner import current_owner, in_this_process, new_token
@@ -453,3 +453,15 @@ def test_an_application_without_logging_set_up_hears_nothing_on_stderr() -> None
                           timeout=60, check=True)  # fmt: skip
     assert done.stdout == "raised\n"
     assert done.stderr == ""
+
+
+def test_a_nested_with_on_a_non_reentrant_lock_says_it_is_this_threads_own(
+    redis_server: RedisServer, key: str
+) -> None:
+    provider = RedisProvider(redis_server.url)
+    try:
+        handle = provider.lock(key, ttl=5, wait=0.1)
+        with handle, pytest.raises(LockTimeout, match="already held by this thread"), handle:
+            pass
+    finally:
+        provider.close()
