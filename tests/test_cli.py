@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from locks import Switch, from_config
+from locks import Event, EventKind, Switch, add_observer, from_config, remove_observer
 from locks.cli import main
 from tests.ports import free_port
 from tests.servers import MariaDBServer, RedisServer
@@ -40,7 +40,11 @@ def test_switch_commands_drive_a_watching_switch(tmp_path: Path) -> None:
 
         assert main(["switch", "--file", str(path), "force", "db"]) == 0
         assert settles(lambda: switch.state.forced == "db")
+        # readable by applications running as other users (mkstemp's 0600 was not)
+        assert path.stat().st_mode & 0o777 == 0o644
+        path.chmod(0o640)  # an operator's choice is kept
         assert main(["switch", "--file", str(path), "disable", "redis", "zk"]) == 0
+        assert path.stat().st_mode & 0o777 == 0o640
         assert settles(lambda: switch.state.disabled == {"redis", "zk"})
         assert switch.state.forced is None
         assert main(["switch", "--file", str(path), "clear"]) == 0
@@ -51,6 +55,29 @@ def test_switch_commands_drive_a_watching_switch(tmp_path: Path) -> None:
         assert main(["switch", "--file", str(path), "force", "bad\nname"]) == 2
         assert main(["switch", "--file", str(path), "clear", "db"]) == 2
     finally:
+        switch.close()
+
+
+def test_a_switch_file_that_cannot_be_read_is_seen_not_to_be_obeyed(tmp_path: Path) -> None:
+    """(As root, nothing is unreadable by mode: a directory where the file should be
+    fails the read the same way.)"""
+    path = tmp_path / "switch.toml"
+    events: list[Event] = []
+    add_observer(events.append)
+    switch = Switch(file=path, poll_interval=60, environ={})
+    try:
+        path.mkdir()
+        switch.refresh()
+        assert switch.problem is not None and "IsADirectoryError" in switch.problem
+        assert switch.state.source == "default"  # nothing obeyed
+        told = [e.detail or "" for e in events if e.kind is EventKind.SWITCHED]
+        assert told[-1].startswith("unreadable, ignored: IsADirectoryError")
+        path.rmdir()
+        path.write_text('force = "db"\n')
+        switch.refresh()
+        assert switch.problem is None and switch.state.forced == "db"
+    finally:
+        remove_observer(events.append)
         switch.close()
 
 

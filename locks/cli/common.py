@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib.util
 import json
 import logging
 import os
+import stat
 import sys
 import tempfile
 import time
@@ -218,11 +220,16 @@ def milliseconds(seconds: float | None) -> str:
     return "-" if seconds is None else f"{seconds * 1000:.1f} ms"
 
 
-def write_atomically(path: Path, text: str) -> None:
-    """Watchers must never read half a file: write a sibling, then rename over."""
+def write_atomically(path: Path, text: str, mode: int = 0o644) -> None:
+    """Watchers must never read half a file: write a sibling, then rename over. The file
+    keeps the mode it had, else gets `mode`: readable by the applications, which may run
+    as other users (mkstemp alone would leave it 0600, and a switch nobody can read)."""
     path.parent.mkdir(parents=True, exist_ok=True)
+    with contextlib.suppress(FileNotFoundError):
+        mode = stat.S_IMODE(path.stat().st_mode)
     handle, temporary = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
     try:
+        os.fchmod(handle, mode)
         with os.fdopen(handle, "w") as out:
             out.write(text)
         os.replace(temporary, path)

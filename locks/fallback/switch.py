@@ -69,6 +69,9 @@ class Switch:
         self._state = self._environment or SwitchState()
         self.path = None if file is None else Path(file)
         self._mtime: int | None = None
+        # why the file could not be read, while it cannot (None: read, or absent): an
+        # application that cannot read its switch must be seen not to obey it
+        self.problem: str | None = None
         self._stop = threading.Event()
         if self.path is not None:
             self.refresh()
@@ -134,6 +137,7 @@ class Switch:
             return
         self._mtime = mtime
         if mtime is None:  # a removed file says nothing: the environment decides
+            self.problem = None
             with self._lock:
                 self._file = None
                 self._update()
@@ -141,8 +145,11 @@ class Switch:
         try:
             state = self._parse(tomllib.loads(self.path.read_text()), "file")
         except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError, ValueError) as exc:
+            self.problem = f"{type(exc).__name__}: {exc}"
             logger.error("ignoring switch file %s, keeping %s: %s", self.path, self._state, exc)
+            emit(EventKind.SWITCHED, "switch", "", detail=f"unreadable, ignored: {self.problem}")
             return
+        self.problem = None
         with self._lock:
             self._file = state
             self._update()
