@@ -15,6 +15,7 @@ import redis
 from tenacity import Retrying, stop_after_attempt
 
 from locks import (
+    AccessDenied,
     AllBackendsUnavailable,
     BackendUnavailable,
     Breaker,
@@ -586,3 +587,31 @@ def test_safe_mode_fail_back_holds_for_a_process_that_never_saw_the_outage(
     chain.release(held)
     chain.close()
     zk.close()
+
+
+def test_wrong_credentials_are_refused_not_degraded_to_a_lower_tier(
+    redis_server: RedisServer, key: str
+) -> None:
+    """A wrong password is a configuration error, not an outage: no tier below is asked
+    (with `local` there, every lock would exclude nobody), and no retry is made."""
+    admin = redis.Redis.from_url(redis_server.url)
+    admin.acl_setuser("locks-wrongpass", enabled=True, passwords=["+right"], keys=["*"],
+                      commands=["+@all"])  # fmt: skip
+    events: list[Event] = []
+    add_observer(events.append)
+    url = redis_server.url.replace("redis://", "redis://locks-wrongpass:wrong@")
+    upper, lower = RedisHashProvider(url, name="redis"), LocalProvider(name="wrongpass-local")
+    chain = FallbackChain([upper, lower])
+    try:
+        with pytest.raises(AccessDenied) as refused:
+            chain.acquire(key, ttl=5, wait=0)
+        assert refused.value.backend == "redis" and "wrong" not in str(refused.value)
+        assert len(lower) == 0, "a lower tier granted past bad credentials"
+        assert not kinds_of(events, EventKind.DEGRADED)
+        assert len(kinds_of(events, EventKind.BACKEND_ERROR)) == 1, "bad credentials retried"
+    finally:
+        remove_observer(events.append)
+        chain.close()
+        upper.close()
+        admin.acl_deluser("locks-wrongpass")
+        admin.close()
