@@ -55,6 +55,13 @@ def check_acquire(
     return checked
 
 
+def check_count(value: object, argument: str) -> int:
+    """A whole number of at least 1 (a pool's size); `True` is not one."""
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ValueError(f"{argument} must be a whole number of at least 1, got {value!r}")
+    return value
+
+
 def check_seconds(value: object, argument: str) -> float:
     """A finite duration > 0 for a setting such as `watchdog_ttl` or a timeout."""
     return _positive_seconds(value, argument, allow_zero=False)

@@ -297,3 +297,24 @@ def test_the_entry_point_has_a_version_and_takes_options_where_users_put_them(
         assert (done.returncode, done.stdout) == (0, "ok: backends local; scenarios \n"), done
     nothing = locks("check")  # no file, no $LOCKS_CONFIG, no ./locks.toml
     assert nothing.returncode == 2 and "no configuration to check" in nothing.stderr
+
+
+@pytest.mark.parametrize(
+    ("backend", "says"),
+    [
+        ('{ type = "database", url = "nosuch://x/y" }', "backends.db.url: url 'nosuch://x/y'"),
+        ('{ type = "database", url = "postgresql+psycopg://u:secret@127.0.0.1/db" }',
+         "needs the 'psycopg' driver, which is not installed: pip install 'psycopg[binary]'"),
+        ('{ type = "redis", max_connections = true }',
+         "backends.db.max_connections: max_connections must be a whole number"),
+        ('{ type = "database", pool_size = 0 }', "backends.db.pool_size: pool_size must be"),
+    ],
+)  # fmt: skip
+def test_check_names_what_is_wrong_without_a_traceback(
+    backend: str, says: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    config = tmp_path / "bad.toml"
+    config.write_text(f"[backends]\ndb = {backend}\n")
+    assert main(["check", str(config)]) == 1
+    err = capsys.readouterr().err
+    assert says in err and "Traceback" not in err and "secret" not in err

@@ -64,7 +64,7 @@ from locks.backends.dbpool import ConnectionPool, Refused
 from locks.backends.wakeups import Wakeups
 from locks.base import Grant, ProviderBase
 from locks.errors import AccessDenied, BackendError, BackendUnavailable
-from locks.names import check_name, check_seconds
+from locks.names import check_count, check_name, check_seconds
 from locks.provider import Capabilities, Holder, Lease
 
 logger = logging.getLogger("locks")
@@ -288,7 +288,7 @@ class DatabaseProvider(ProviderBase):
         self._keeps_rows = dialect == "sqlite"
         self._connections = ConnectionPool(
             engine,
-            _pool_size(pool_size),
+            check_count(pool_size, "pool_size"),
             check_seconds(pool_timeout, "pool_timeout"),
             _IDLE_PING,
             _check_writable if self._mysql else None,
@@ -570,19 +570,24 @@ def _make_engine(
         return sa.create_engine(
             parsed, isolation_level="AUTOCOMMIT", poolclass=NullPool, connect_args=connect_args
         )
-    except (exc.ArgumentError, exc.NoSuchModuleError, ImportError) as error:
+    except ImportError as error:  # the URL names a driver that is not installed
+        missing = error.name or "the driver"
+        raise ValueError(
+            f"url {_redacted(url)!r} needs the {missing!r} driver, which is not installed: "
+            f"pip install {_DRIVER_PACKAGES.get(missing, missing)}"
+        ) from None
+    except (exc.ArgumentError, exc.NoSuchModuleError) as error:
         raise ValueError(f"url {_redacted(url)!r}: {error}") from None
+
+
+# the package that provides a driver module, where its name differs or an extra has it
+_DRIVER_PACKAGES = {"pymysql": "'fallback-locks[mysql]'", "MySQLdb": "mysqlclient",
+                    "psycopg2": "psycopg2-binary", "psycopg": "'psycopg[binary]'"}  # fmt: skip
 
 
 def _redacted(url: str) -> str:
     """`url` with any password replaced, for error messages."""
     return re.sub(r"(://[^:/@]*:)[^@/]*@", r"\1***@", url)
-
-
-def _pool_size(size: int) -> int:
-    if isinstance(size, bool) or not isinstance(size, int) or size < 1:
-        raise ValueError(f"pool_size must be a whole number of at least 1, got {size!r}")
-    return size
 
 
 def _deadlock_victim(error: BaseException) -> bool:

@@ -25,7 +25,7 @@ from locks.backends.redis.scripts import Script
 from locks.backends.redis.topology import DEFAULT_URL, Client, Timeouts, replica_sync, topology
 from locks.base import Grant, ProviderBase
 from locks.errors import AccessDenied, BackendError, BackendUnavailable
-from locks.names import check_name, check_seconds, redis_hash_tag
+from locks.names import check_count, check_name, check_seconds, redis_hash_tag
 from locks.provider import Capabilities, Holder, Lease
 
 # "This Redis cannot serve us now": unreachable, timed out, a demoted primary (READONLY),
@@ -101,7 +101,7 @@ class _RedisProviderBase(ProviderBase):
         timeouts = Timeouts(
             socket=check_seconds(socket_timeout, "socket_timeout"),
             connect=check_seconds(connect_timeout, "connect_timeout"),
-            max_connections=max_connections,
+            max_connections=check_count(max_connections, "max_connections"),
             pool=check_seconds(pool_timeout, "pool_timeout"),
         )
         self._sync = replica_sync(sync_replicas, sync_timeout, sync_aof, timeouts.socket)
