@@ -13,13 +13,14 @@ no round can win, and the acquire raises `BackendUnavailable` so a chain moves p
 Why it excludes: two leases valid at once would need two sets of `quorum` members, each
 holding the key for a different owner at the same instant; with quorum > n/2 the sets
 share a member, which grants one owner at a time. This rests on members keeping their
-grants until they expire (a member restarted empty forgets them: at most n - quorum may,
-docs/quorum.md) and on every member's clock running at our rate within `drift`.
+grants until they expire (a member restarted empty forgets them; docs/quorum.md says
+how many may) and on every member's clock running at our rate within `drift`.
 
-Split votes: a round that got some members but not enough pauses for a random time
-below `retry` before the next, so contenders stop colliding; a round that got none
-waits in its members (pub/sub on Redis) for the holder's release, so a hand-off costs a
-notification, not a poll.
+Contention: after a first round that asks everyone without waiting, a waiter waits at
+one member, the gate (the first in an order every client derives from the key), and
+only then asks the rest, so waiters queue instead of each grabbing a different member;
+a hand-off costs the gate's wake-up (pub/sub on Redis), not a poll. A split vote (some
+members, not enough) is undone and pauses for a random time below `retry`.
 
 Fences (docs/quorum.md, "Fences"): the quorum's fence F is the highest its granting
 members returned. Before the lease is returned, F becomes the fence floor of the key on
