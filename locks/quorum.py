@@ -74,9 +74,14 @@ class RaisesFence(Protocol):
 
 
 def _splits(member: LockProvider) -> bool:
-    """Whether `member` sends a request at once and reads its answer later."""
+    """Whether `member` sends a request at once and reads its answer later (a member
+    that cannot say, e.g. a cluster client that cannot be built now, is asked on a
+    thread, where its failure is reported as any other)."""
     splits = getattr(member, "splits", None)
-    return splits is not None and bool(splits())
+    try:
+        return splits is not None and bool(splits())
+    except LockError:
+        return False
 
 
 def majority(members: int) -> int:
@@ -342,7 +347,7 @@ class Quorum(MakesLocks):
         wait = request.ttl if left is None else left
         try:
             lease = self.members[gate].acquire(request.key, ttl=request.ttl, wait=wait)
-        except BackendUnavailable as error:
+        except LockError as error:  # unavailable or erring: counted, as in any round
             return _Votes(failed={**down, gate: error})
         if lease is None:
             return _Votes(contended=[gate])

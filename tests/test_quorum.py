@@ -11,11 +11,13 @@ import multiprocessing
 import random
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import pytest
+import redis
 
 from locks import (
     BackendUnavailable,
@@ -40,6 +42,7 @@ from tests.servers.redis_masters import RedisMasters
 from tests.test_contract import exclusive_sections
 
 SPAWN = multiprocessing.get_context("spawn")
+T = TypeVar("T")
 
 
 @pytest.fixture
@@ -483,3 +486,35 @@ def test_a_lease_is_served_by_any_quorum_object_of_the_same_name(
         second.extend(closed, 10)
     with pytest.raises(LockNotOwned):
         second.release(closed)
+
+
+def test_a_member_that_refuses_access_counts_as_down_even_as_the_gate(
+    redis_masters: RedisMasters, made: list[Quorum]
+) -> None:
+    """A member with wrong credentials is a member the quorum goes on without (each
+    refusal an event), in the first round and when it is the gate of a contended key."""
+    admin = redis.Redis.from_url(redis_masters.urls[0])
+    admin.acl_setuser("quorum-wrongpass", enabled=True, passwords=["+right"], keys=["*"],
+                      commands=["+@all"])  # fmt: skip
+    bad = redis_masters.urls[0].replace("redis://", "redis://quorum-wrongpass:wrong@")
+    members = [RedisProvider(bad, name="r0"),
+               *(RedisProvider(url, name=f"r{i}") for i, url in enumerate(redis_masters.urls)
+                 if i)]  # fmt: skip
+    quorum = Quorum(members)
+    made.append(quorum)
+    key = next(f"gate:{i}" for i in itertools.count() if quorum._order(f"gate:{i}")[0] == "r0")
+    try:
+        holder = quorum.acquire(key, ttl=5)
+        assert holder is not None and sorted(holder.state.hold.leases) == ["r1", "r2", "r3", "r4"]  # type: ignore[attr-defined]
+        threading.Timer(0.2, quorum.release, [holder]).start()
+        waiter = in_thread(lambda: quorum.acquire(key, ttl=5, wait=3))
+        assert waiter is not None and waiter.fence > holder.fence
+        quorum.release(waiter)
+    finally:
+        admin.acl_deluser("quorum-wrongpass")
+        admin.close()
+
+
+def in_thread(call: Callable[[], T]) -> T:
+    with ThreadPoolExecutor(max_workers=1) as pool:
+        return pool.submit(call).result(timeout=60)
