@@ -710,8 +710,10 @@ class Quorum(MakesLocks):
         return sum(outcome is True for outcome in outcomes.values()) >= self.quorum
 
     def holder(self, key: str) -> Holder | None:
-        """The owner `quorum` members name as the holder of `key`, or None: for
-        operators; acting on it is a race."""
+        """Who may hold `key`: the owner that `quorum` members name, counting those that
+        did not answer as possibly naming it too (a safe-mode chain asks this of its
+        lower tiers, and "nobody" must be sure). None: nobody; `BackendUnavailable`:
+        too few members answered to tell. For operators, acting on it is a race."""
         key = check_name(key)
 
         def ask(member: LockProvider) -> Holder | None:
@@ -719,17 +721,22 @@ class Quorum(MakesLocks):
             return None if holder is None else holder(key)
 
         outcomes = self._each(list(self.members), ask, current_owner())
+        self._raise_unexpected(outcomes)
+        failed = {n: o for n, o in outcomes.items() if isinstance(o, LockError)}
         found: dict[str, list[Holder]] = {}
         for outcome in outcomes.values():
             if isinstance(outcome, Holder):
                 found.setdefault(outcome.owner, []).append(outcome)
-        for owner, seen in found.items():
-            if len(seen) >= self.quorum:
-                left = sorted((h.expires_in or float("inf") for h in seen), reverse=True)
-                expires_in = left[self.quorum - 1]
-                fence = max(h.fence or 0 for h in seen) if self.fenced else 0
-                return Holder(key, self.name, owner, None, fence,
-                              None if expires_in == float("inf") else expires_in)  # fmt: skip
+        candidates = [seen for seen in found.values() if len(seen) + len(failed) >= self.quorum]
+        if candidates:
+            seen = max(candidates, key=len)
+            left = sorted((h.expires_in or float("inf") for h in seen), reverse=True)
+            expires_in = left[min(self.quorum, len(left)) - 1]
+            fence = max(h.fence or 0 for h in seen) if self.fenced else 0
+            return Holder(key, self.name, seen[0].owner, None, fence,
+                          None if expires_in == float("inf") else expires_in)  # fmt: skip
+        if len(failed) >= self.quorum:
+            raise self._unavailable(failed)
         return None
 
     def ping(self) -> None:

@@ -518,3 +518,23 @@ def test_a_member_that_refuses_access_counts_as_down_even_as_the_gate(
 def in_thread(call: Callable[[], T]) -> T:
     with ThreadPoolExecutor(max_workers=1) as pool:
         return pool.submit(call).result(timeout=60)
+
+
+def test_holder_is_sure_of_nobody_only_when_enough_members_answered(
+    redis_masters: RedisMasters, made: list[Quorum], key: str
+) -> None:
+    """A safe-mode chain reads its lower tiers' holders: "nobody" must be certain."""
+    quorum = quorum_of(redis_masters, made)
+    lease = quorum.acquire(key, ttl=30)
+    assert lease is not None
+    for server in redis_masters.servers[:2]:
+        server.kill()
+    seen = quorum.holder(key)  # three members name the holder
+    assert seen is not None and (seen.owner, seen.fence) == (lease.owner, lease.fence)
+    redis_masters.servers[2].kill()  # two name it, three cannot say: it may still hold
+    seen = quorum.holder(key)
+    assert seen is not None and seen.owner == lease.owner
+    with pytest.raises(BackendUnavailable):  # two answered "nobody": three could hold it
+        quorum.holder(key + ":free")
+    redis_masters.servers[2].start()
+    assert quorum.holder(key + ":free") is None  # three answered "nobody": sure
