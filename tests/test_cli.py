@@ -318,3 +318,13 @@ def test_check_names_what_is_wrong_without_a_traceback(
     assert main(["check", str(config)]) == 1
     err = capsys.readouterr().err
     assert says in err and "Traceback" not in err and "secret" not in err
+
+
+def test_demo_with_an_unknown_scenario_is_bad_usage(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    config = tmp_path / "locks.toml"
+    config.write_text('[backends]\nlocal = { type = "local" }\n'
+                      '[scenarios]\nmine = { chain = ["local"] }\n')  # fmt: skip
+    assert main(["demo", "--config", str(config), "--scenario", "nope"]) == 2
+    assert "--scenario 'nope' is not configured" in capsys.readouterr().err

@@ -235,10 +235,13 @@ def run(args: argparse.Namespace) -> int:
         scenarios = registry.scenarios
         if not scenarios:
             raise ValueError(f"{loaded.source} configures no scenario to lock with")
+        if args.scenario is not None and args.scenario not in scenarios:  # bad usage: 2
+            raise ValueError(f"--scenario {args.scenario!r} is not configured in "
+                             f"{loaded.source} (configured: {', '.join(scenarios)})")  # fmt: skip
         scenario = args.scenario or (
             DEFAULT_SCENARIO if DEFAULT_SCENARIO in scenarios else scenarios[0]
         )
-        chain = registry.chain(scenario)  # ConfigError for an unknown scenario
+        chain = registry.chain(scenario)
         print(f"config: {loaded.source}; scenario {scenario!r}: {' -> '.join(chain.order)}")
         for tier in chain.order:
             found = probe(registry, tier)
