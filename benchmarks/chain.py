@@ -212,6 +212,8 @@ def main(argv: list[str] | None = None) -> int:
         argv,
         f"{overhead}\n\n{failover}",
         not args.no_write,
+        plot_title="FallbackChain on a healthy Redis: overhead (failover and fail-back: "
+        "in the table)",
     )
     return 0
 

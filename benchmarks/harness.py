@@ -141,12 +141,22 @@ def arguments(description: str | None, argv: list[str] | None, repetitions: bool
     return parser.parse_args(argv)
 
 
-def publish(title: str, module: str, argv: list[str] | None, body: str, write: bool) -> None:
+def publish(
+    title: str,
+    module: str,
+    argv: list[str] | None,
+    body: str,
+    write: bool,
+    *,
+    plot_title: str | None = None,
+) -> None:
     """Print a report and, unless told not to, append it to docs/ with its command.
 
     When writing, the contenders this process measured are drawn to docs/img/<X>.png
-    (X: the module's last name) and the section links it; earlier sections' links to
-    the same image are dropped, since the file now shows this run."""
+    (X: the module's last name) under `plot_title` (default: the section's title: give
+    one where the section reports more than the plot shows) and the section links it;
+    earlier sections' links to the same image are dropped, since the file now shows this
+    run."""
     print(body)
     if not write:
         return
@@ -157,7 +167,7 @@ def publish(title: str, module: str, argv: list[str] | None, body: str, write: b
     if _measured:
         name = module.rsplit(".", 1)[-1]
         try:
-            image = plots.draw_results(name, f"{title} ({stamp})", _measured)
+            image = plots.draw_results(name, f"{plot_title or title} ({stamp})", _measured)
         except ImportError as exc:  # the table is worth keeping without its plot
             print(f"no plot drawn ({exc}): pip install -e '.[plot]'", file=sys.stderr)
         else:
