@@ -261,8 +261,23 @@ class Lock:
         stack = self._stack()
         return stack[-1] if stack else None
 
-    def acquire(self, wait: float | _Default | None = _Default.WAIT) -> Lease | None:
-        """Acquire with the handle's `wait` (or the one given); `None` if it ran out."""
+    def acquire(
+        self,
+        wait: float | bool | _Default | None = _Default.WAIT,
+        *,
+        blocking: bool | None = None,
+        timeout: float = -1,
+    ) -> Lease | None:
+        """Acquire with the handle's `wait` (or the one given); `None` if it ran out.
+
+        Also as `threading.Lock.acquire(blocking=True, timeout=-1)`: `acquire(False)`
+        tries once, `acquire(True, timeout=2)` waits up to 2 s, `acquire(timeout=2)` too;
+        the lease is truthy, None is not, so `if lock.acquire(False):` ports as is.
+        `acquire(True)` waits as `acquire()` does: for the handle's `wait`."""
+        if isinstance(wait, bool):  # threading's first argument is `blocking`
+            blocking, wait = wait, _Default.WAIT
+        if blocking is not None or timeout != -1:
+            wait = _threading_wait(blocking is not False, timeout)
         lease = self.provider.acquire(
             self.key,
             ttl=self.ttl,
@@ -314,6 +329,21 @@ class Lock:
         traceback: TracebackType | None,
     ) -> None:
         self.release()
+
+
+def _threading_wait(blocking: bool, timeout: float) -> float | _Default | None:
+    """`threading.Lock.acquire`'s arguments as our `wait`, refused as it refuses them;
+    blocking with no timeout waits as the handle does (for ever, unless it was given a
+    `wait`)."""
+    if not blocking:
+        if timeout != -1:
+            raise ValueError("timeout: a non-blocking acquire cannot have one")
+        return 0.0
+    if timeout == -1:
+        return _Default.WAIT
+    if timeout < 0:
+        raise ValueError(f"timeout must be -1 (for ever) or at least 0, got {timeout!r}")
+    return check_wait(timeout, "timeout")
 
 
 class MakesLocks:

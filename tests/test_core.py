@@ -9,7 +9,9 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
+from typing import TypeVar
 
 import pytest
 
@@ -22,6 +24,8 @@ from locks.owner import current_owner, in_this_process, new_token
 from locks.watchdog import Watchdog
 from tests.forks import in_forked_child
 from tests.servers import RedisServer
+
+T = TypeVar("T")
 
 
 def test_names_up_to_255_characters_of_any_script_are_accepted() -> None:
@@ -465,3 +469,32 @@ def test_a_nested_with_on_a_non_reentrant_lock_says_it_is_this_threads_own(
             pass
     finally:
         provider.close()
+
+
+def test_a_lock_handle_ports_from_threading_lock() -> None:
+    """Code written for threading.Lock (or redis-py's, kazoo's lock) runs on a handle."""
+    provider = LocalProvider(name="like-threading")
+    handle = provider.lock("port")
+    assert handle.acquire(False)  # a lease: truthy
+    assert handle.locked() and handle.lease is not None
+    other = provider.lock("port")
+    started = time.monotonic()
+    results = run_in_thread(lambda: [other.acquire(False), other.acquire(blocking=False),
+                                     other.acquire(True, timeout=0.2),
+                                     other.acquire(timeout=0.1)])  # fmt: skip
+    assert results == [None, None, None, None]
+    assert 0.3 <= time.monotonic() - started < 2
+    handle.release()
+    assert not handle.locked()
+    with pytest.raises(ValueError, match="non-blocking"):
+        handle.acquire(False, timeout=1)
+    with pytest.raises(ValueError, match="timeout"):
+        handle.acquire(timeout=-2)
+    assert handle.acquire(True) and handle.acquire(blocking=True)  # reentrant: two levels
+    handle.release()
+    handle.release()
+
+
+def run_in_thread(call: Callable[[], T]) -> T:
+    with ThreadPoolExecutor(max_workers=1) as pool:
+        return pool.submit(call).result(timeout=60)
