@@ -79,9 +79,11 @@ def test_bench_measures_every_live_backend_and_names_the_dead_one(
     assert {name: cells[0] for name, cells in rows.items()} == {
         "redis": "redis-hash", "db": "database", "local": "local"
     }  # fmt: skip
-    for name, (_type, rate, handoff, p50, p99) in rows.items():
+    for name, (_type, rate, handoff, across, p50, p99) in rows.items():
         assert float(rate.replace(",", "")) > 0, name
         assert float(handoff) > 0, name
+        # another process: measured where the backend excludes across processes
+        assert (across == "-") == (name == "local") and (name == "local" or float(across) > 0)
         assert 0 <= float(p50) <= float(p99), name  # printed to 0.01 ms: local may show 0.00
     assert "gone: skipped" in err
     assert "gone" not in out

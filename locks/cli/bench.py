@@ -5,7 +5,9 @@ ping, one after another:
 
   cycles/s       uncontended acquire + release of one key, --cycles times
   hand-off ms    a holder releases while another thread waits for the key: the time
-                 until the waiter's acquire returns (median of --samples)
+                 until the waiter's acquire returns (median of --samples); then the
+                 same with the waiter in another process (a backend may wake its
+                 own process's threads at once and others only by polling)
   acquire p50/99 single uncontended acquires, timed one by one (--cycles of them)
 
 Locks are taken on keys `bench:<uuid>` with a fixed ttl of 30 s, so nothing real is
@@ -24,15 +26,19 @@ answered.
 from __future__ import annotations
 
 import argparse
+import multiprocessing
+import statistics
+import time
 from dataclasses import dataclass
+from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from locks.cli import UNAVAILABLE, USAGE
 from locks.cli.common import command, load, note, probe, table
-from locks.config import Registry
+from locks.config import Registry, from_config
 from locks.errors import LockError
-from locks.measure import Figures, measure_provider
+from locks.measure import SETTLE, Figures, bench_key, measure_provider, provider_ops
 
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
@@ -91,6 +97,66 @@ class Row:
     name: str
     type: str
     figures: Figures
+    handoff_processes_ms: float | None  # None: the backend excludes nothing across them
+
+
+def handoff_across_processes(config: Path, name: str, samples: int) -> float:
+    """Median ms from a holder's release to a waiter in another process holding the
+    key: the waiter loads the same configuration in a process of its own, is told each
+    key, says it is about to wait, and reports the monotonic time (one clock for every
+    process of the machine) at which its acquire returned."""
+    registry = from_config(config)
+    ours, theirs = multiprocessing.Pipe()
+    waiter = multiprocessing.get_context("spawn").Process(
+        target=_waiting_process, args=(str(config), name, theirs), daemon=True
+    )
+    waiter.start()
+    try:
+        acquire, release = provider_ops(registry.backend(name), ttl=TTL)
+        latencies = []
+        for _ in range(samples):
+            key = bench_key()
+            held = acquire(key)
+            ours.send(key)
+            _received(ours, name)  # it is about to wait
+            time.sleep(SETTLE)
+            released_at = time.monotonic()
+            release(held)
+            latencies.append((float(_received(ours, name)) - released_at) * 1000)
+        ours.send(None)
+        return statistics.median(latencies)
+    finally:
+        waiter.join(5)
+        if waiter.is_alive():
+            waiter.kill()
+        registry.close()
+
+
+def _received(connection: Connection, name: str, timeout: float = 60.0) -> Any:
+    if not connection.poll(timeout):
+        raise LockError(f"{name}: the waiting process did not answer within {timeout:g} s")
+    message = connection.recv()
+    if isinstance(message, str) and message.startswith("error: "):
+        raise LockError(f"{name}: the waiting process failed: {message[7:]}")
+    return message
+
+
+def _waiting_process(config: str, name: str, connection: Connection) -> None:
+    """The other process of a hand-off: wait for each key it is told, say when it got it."""
+    registry = from_config(config)
+    try:
+        acquire, release = provider_ops(registry.backend(name), ttl=TTL)
+        while (key := connection.recv()) is not None:
+            connection.send("waiting")
+            try:
+                handle = acquire(key)
+            except Exception as exc:  # the parent reports it
+                connection.send(f"error: {type(exc).__name__}: {exc}")
+                return
+            connection.send(time.monotonic())
+            release(handle)
+    finally:
+        registry.close()
 
 
 class PlotUnavailable(Exception):
@@ -126,7 +192,9 @@ def selected(registry: Registry, backends: str | None) -> list[str]:
     return names
 
 
-def measure_all(registry: Registry, names: list[str], cycles: int, samples: int) -> list[Row]:
+def measure_all(
+    registry: Registry, config: Path | None, names: list[str], cycles: int, samples: int
+) -> list[Row]:
     """Figures for each backend that answers; the others are named on stderr."""
     rows = []
     for name in names:
@@ -135,19 +203,22 @@ def measure_all(registry: Registry, names: list[str], cycles: int, samples: int)
             note(f"{name}: skipped, it did not answer a ping: {answer.error}")
             continue
         note(f"measuring {name} ...")
+        provider = registry.backend(name)
         try:
-            figures = measure_provider(
-                registry.backend(name), cycles=cycles, samples=samples, ttl=TTL
-            )
+            figures = measure_provider(provider, cycles=cycles, samples=samples, ttl=TTL)
+            across = None
+            if provider.capabilities.cross_process and config is not None:
+                across = handoff_across_processes(config, name, samples)
         except LockError as exc:
             note(f"{name}: skipped, it stopped answering during the run: {exc}")
             continue
-        rows.append(Row(name, answer.type, figures))
+        rows.append(Row(name, answer.type, figures, across))
     return rows
 
 
 def report(rows: list[Row]) -> str:
-    headers = ["backend", "type", "cycles/s", "hand-off ms", "acquire p50 ms", "acquire p99 ms"]
+    headers = ["backend", "type", "cycles/s", "hand-off ms, threads", "hand-off ms, processes",
+               "acquire p50 ms", "acquire p99 ms"]  # fmt: skip
     return table(
         headers,
         [
@@ -156,6 +227,7 @@ def report(rows: list[Row]) -> str:
                 row.type,
                 f"{row.figures.cycles_per_second:,.0f}",
                 f"{row.figures.handoff_ms:.2f}",
+                "-" if row.handoff_processes_ms is None else f"{row.handoff_processes_ms:.2f}",
                 f"{row.figures.acquire.p50:.2f}",
                 f"{row.figures.acquire.p99:.2f}",
             ]
@@ -222,7 +294,7 @@ def run(args: argparse.Namespace) -> int:
         for line in loaded.notes:
             note(line)
         names = selected(loaded.registry, args.backends)
-        rows = measure_all(loaded.registry, names, args.cycles, args.samples)
+        rows = measure_all(loaded.registry, loaded.path, names, args.cycles, args.samples)
         if not rows:
             note(f"locks bench: no backend answered ({', '.join(names)}): nothing measured")
             return UNAVAILABLE
