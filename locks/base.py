@@ -114,6 +114,12 @@ class ProviderBase(MakesLocks, ABC):
             self._domain_key = self._domain()
         return self._domain_key
 
+    def _hand_out(self, lease: Lease) -> None:
+        """The last look at a lease (a fresh grant, or a level of a hold this provider
+        granted) before it reaches its caller, however it was acquired: raise
+        `BackendUnavailable`, having ended it, if it cannot be vouched for now
+        (ZooKeeper: the session it was granted in expired meanwhile)."""
+
     def _check_hold(self, hold: Hold) -> None:
         """Raise `BackendUnavailable` if a new level of `hold` cannot be vouched for now
         (ZooKeeper: the session is in doubt)."""
@@ -188,6 +194,8 @@ class ProviderBase(MakesLocks, ABC):
             if hold is not None:
                 nested = self._reporting(key, self._nest, hold, lease_ttl, auto, on_lost)
                 if nested is not None:
+                    owner = hold.provider  # its grant: its session vouches for the level
+                    owner._reporting(key, owner._hand_out, nested)
                     emit(EventKind.ACQUIRED, self.name, key, nested, duration=0.0)
                     return attempt, nested
         return attempt, None
@@ -208,6 +216,7 @@ class ProviderBase(MakesLocks, ABC):
         if auto:
             hold.watched = True
             self._watchdog.watch(hold, grant.sent_at + lease_ttl / 3)
+        self._reporting(key, self._hand_out, lease)
         emit(EventKind.ACQUIRED, self.name, key, lease,
              duration=time.monotonic() - attempt.started)  # fmt: skip
         return lease

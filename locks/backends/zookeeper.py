@@ -47,7 +47,7 @@ from locks.errors import BackendError, BackendUnavailable, LockError
 from locks.forking import start_afresh_when_forked
 from locks.holds import Hold
 from locks.names import check_seconds, check_zookeeper_path, zookeeper_node_name
-from locks.provider import Capabilities, Holder, Lease, LostCallback
+from locks.provider import Capabilities, Holder, Lease
 
 logger = logging.getLogger("locks")
 
@@ -203,7 +203,7 @@ class ZooKeeperProvider(ProviderBase):
 
     def _on_state(self, state: str) -> None:
         # runs on kazoo's connection thread: flag, and hand any I/O to other threads
-        # under the lock: a grant being handed out (`_vouch`) or a node left behind
+        # under the lock: a grant being handed out (`_hand_out`) or a node left behind
         # (`_leave`) either sees the new state or is seen here
         with self._state_lock:
             held = self._holds()
@@ -254,25 +254,7 @@ class ZooKeeperProvider(ProviderBase):
         if self.client.state != KazooState.CONNECTED or hold.anchor.state.suspended:
             raise self._unavailable(ConnectionLoss(f"session is {self.client.state}"))
 
-    def acquire(
-        self,
-        key: str,
-        *,
-        ttl: float | None = None,
-        wait: float | None = None,
-        on_lost: LostCallback | None = None,
-    ) -> Lease | None:
-        lease = super().acquire(key, ttl=ttl, wait=wait, on_lost=on_lost)
-        if lease is not None:
-            # a nested level may sit on a hold another provider of this domain granted:
-            # that provider's session vouches for it
-            hold = lease.state.hold
-            owner = hold.provider if isinstance(hold, Hold) else self
-            vouching = owner if isinstance(owner, ZooKeeperProvider) else self
-            vouching._reporting(key, vouching._vouch, lease)
-        return lease
-
-    def _vouch(self, lease: Lease) -> None:
+    def _hand_out(self, lease: Lease) -> None:
         """Give a lease being handed out the session's state now. Its last reply may have
         come just before the connection dropped, and the state listener flags only the
         holds it can see: a grant it missed would pass `check()` while in doubt, or
