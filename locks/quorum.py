@@ -74,14 +74,9 @@ class RaisesFence(Protocol):
 
 
 def _splits(member: LockProvider) -> bool:
-    """Whether `member` sends a request at once and reads its answer later (a member
-    that cannot say, e.g. a cluster client that cannot be built now, is asked on a
-    thread, where its failure is reported as any other)."""
+    """Whether `member` sends a request at once and reads its answer later."""
     splits = getattr(member, "splits", None)
-    try:
-        return splits is not None and bool(splits())
-    except LockError:
-        return False
+    return splits is not None and bool(splits())
 
 
 def majority(members: int) -> int:

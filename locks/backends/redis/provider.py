@@ -229,9 +229,9 @@ class _RedisProviderBase(ProviderBase):
 
     def splits(self) -> bool:
         """On one server or behind Sentinel, without `sync_replicas` (a WAIT must follow
-        on the same connection); not on a cluster, whose client picks the node."""
-        with self._translated():
-            return self._sync is None and isinstance(self.topology.client(), redis.Redis)
+        on the same connection); not on a cluster, whose client picks the node. Known
+        from the configuration: no client is built to tell."""
+        return self._sync is None and self.topology.kind != "cluster"
 
     def _send(
         self, script: Script, keys: list[str], args: list[Any], key: str, token: str | None = None
