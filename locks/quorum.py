@@ -38,7 +38,7 @@ import random
 import threading
 import time
 import zlib
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Protocol, TypeVar, runtime_checkable
@@ -166,7 +166,7 @@ class Quorum(MakesLocks):
     ) -> None:
         """`drift`: the clock-drift allowance, a fraction of the ttl (plus 2 ms) taken
         off every validity. `retry`: the longest random pause after a split vote, and
-        how long a round waits in its members for a release."""
+        how long the other members are waited for once the gate member is held."""
         self.name = check_name(name, "name")
         members = list(members)
         if not members:
@@ -200,20 +200,18 @@ class Quorum(MakesLocks):
         self.address = ",".join(getattr(m, "address", "") or m.name for m in members)
         every = [member.capabilities for member in members]
         non_expiring = sum(not c.expires for c in every)
-        self.fenced = all(c.fenced for c in every) and fenced_by_raising(members, quorum)
         self.capabilities = Capabilities(
             reentrant=all(c.reentrant for c in every),
             expires=non_expiring < quorum,
             renewable=non_expiring < quorum and all(c.renewable or not c.expires for c in every),
             fair=False,
-            fenced=self.fenced,
+            fenced=all(c.fenced for c in every) and fenced_by_raising(members, quorum),
             cross_process=all(c.cross_process for c in every),
             cross_host=True,
         )
         self._watchdog = Watchdog(f"locks-renew-{self.name}")
         self._pending = PendingReleases()
-        self._grants: dict[int, _Grant] = {}  # id -> every live grant, for close
-        self._held: dict[tuple[str, str], list[_Grant]] = {}  # (owner, key) -> its grants
+        self._held: dict[tuple[str, str], list[_Grant]] = {}  # (owner, key) -> its live grants
         self._lock = threading.Lock()
         self._closed = False
         self._pool = self._new_pool()
@@ -228,7 +226,7 @@ class Quorum(MakesLocks):
     def after_fork_in_child(self) -> None:
         # the pool's threads are gone, and the parent's grants are the parent's
         self._pool = self._new_pool()
-        self._grants, self._held = {}, {}
+        self._held = {}
         self._lock = threading.Lock()
 
     # -- asking every member at once --------------------------------------------------------
@@ -242,6 +240,37 @@ class Quorum(MakesLocks):
         outcomes: dict[str, R | BaseException] = {}
         if names:
             outcomes[names[0]] = self._caught(self._as, owner, call, self.members[names[0]])
+        self._collect(futures, outcomes)
+        return outcomes
+
+    def _split(
+        self,
+        names: Sequence[str],
+        start: Callable[[LockProvider], Callable[[], R] | None],
+        call: Callable[[LockProvider], R],
+        owner: str,
+    ) -> dict[str, R | BaseException]:
+        """One call on each named member at once: from this thread where the member
+        splits it (`start` sends, what it returns reads: every request goes out before
+        any answer is read, one round trip for all), as `call` on pool threads where it
+        cannot; what each returned, or raised."""
+        finishers: dict[str, Callable[[], R]] = {}
+        threaded: list[str] = []
+        outcomes: dict[str, R | BaseException] = {}
+        for name in names:
+            member = self.members[name]
+            finisher = self._caught(start, member) if _splits(member) else None
+            if isinstance(finisher, BaseException):
+                outcomes[name] = finisher
+            elif finisher is None:
+                threaded.append(name)
+            else:
+                finishers[name] = finisher
+        futures = self._submit(threaded, call, owner)
+        for name, finish in finishers.items():
+            outcomes[name] = self._caught(finish)
+            if not isinstance(outcomes[name], BaseException):
+                self._pending.answered(self.members[name])  # what waited for it can go
         self._collect(futures, outcomes)
         return outcomes
 
@@ -359,7 +388,10 @@ class Quorum(MakesLocks):
         def ask(member: LockProvider) -> Lease | None:
             return member.acquire(key, ttl=request.ttl, wait=wait)
 
-        outcomes = self._each(names, ask, owner) if wait else self._try_each(request, names, ask)
+        def start(member: LockProvider) -> Callable[[], Lease | None] | None:
+            return member.start_acquire(key, ttl=request.ttl)  # type: ignore[attr-defined,no-any-return]
+
+        outcomes = self._each(names, ask, owner) if wait else self._split(names, start, ask, owner)
         votes = _Votes()
         for name, outcome in outcomes.items():
             if isinstance(outcome, Lease):
@@ -379,36 +411,6 @@ class Quorum(MakesLocks):
             raise
         return votes
 
-    def _try_each(
-        self, request: _Request, names: list[str], ask: Callable[[LockProvider], Lease | None]
-    ) -> dict[str, Lease | BaseException | None]:
-        """One try on each member, from this thread where a member can split it (every
-        request sent before any answer is read: one round trip for all), on pool
-        threads where it cannot."""
-        reads: dict[str, Callable[[], Lease | None]] = {}
-        threaded: list[str] = []
-        outcomes: dict[str, Lease | BaseException | None] = {}
-        for name in names:
-            member = self.members[name]
-            if not _splits(member):
-                threaded.append(name)
-                continue
-            start = member.start_acquire  # type: ignore[attr-defined]
-            read = self._caught(start, request.key, ttl=request.ttl)
-            if isinstance(read, BaseException):
-                outcomes[name] = read
-            elif read is None:
-                threaded.append(name)
-            else:
-                reads[name] = read
-        futures = self._submit(threaded, ask, request.owner)
-        for name, read in reads.items():
-            outcomes[name] = self._caught(read)
-            if not isinstance(outcomes[name], BaseException):
-                self._pending.answered(self.members[name])
-        self._collect(futures, outcomes)
-        return outcomes
-
     def _stand(self, request: _Request, votes: _Votes) -> Lease | None:
         """The quorum's lease if the vote carries (its fence floor raised), else None
         with every member grant undone."""
@@ -420,7 +422,7 @@ class Quorum(MakesLocks):
             self._undo(granted, owner)
             return None
         fence = 0
-        if self.fenced:
+        if self.capabilities.fenced:
             fence = max(lease.fence for lease in granted.values())
             raised = self._raise_floor(key, fence, votes, owner)
             if not raised or (valid_until is not None and valid_until <= time.monotonic()):
@@ -429,7 +431,6 @@ class Quorum(MakesLocks):
         grant = _Grant(self, key, owner, ttl, dict(granted))
         with self._lock:
             self._held.setdefault((owner, key), []).append(grant)
-            self._grants[id(grant)] = grant
         state = LeaseState(valid_until, request.on_lost, grant)
         sent_at = min(lease.acquired_at for lease in granted.values())
         depth = max(lease.depth for lease in granted.values())  # the members count levels
@@ -439,13 +440,10 @@ class Quorum(MakesLocks):
             self._watchdog.watch(grant, sent_at + ttl / 3)
         return lease
 
-    def _validity(self, leases: object, ttl: float) -> float | None:
+    def _validity(self, leases: Iterable[Lease], ttl: float) -> float | None:
         """Until when `quorum` of these member leases hold, less the drift allowance
         (None: they do not expire)."""
-        expiries = sorted(
-            (lease.valid_until or float("inf") for lease in leases),  # type: ignore[attr-defined]
-            reverse=True,
-        )
+        expiries = sorted((lease.valid_until or float("inf") for lease in leases), reverse=True)
         if len(expiries) < self.quorum:
             return -float("inf")
         until: float = expiries[self.quorum - 1]
@@ -482,31 +480,17 @@ class Quorum(MakesLocks):
         return at_floor + raised >= needed
 
     def _undo(self, leases: dict[str, Lease], owner: str) -> None:
-        """Release member grants quietly; a member that does not answer gets it queued.
-        Members that split a call are sent theirs from this thread before any answer is
-        read; the others are released on pool threads meanwhile."""
+        """Release member grants quietly; a member that does not answer gets it queued."""
         if not leases:
             return
-        split = [name for name in leases if _splits(self.members[name])]
-        threaded = [name for name in leases if name not in split]
+
+        def start(member: LockProvider) -> Callable[[], None]:
+            return member.start_release(leases[member.name])  # type: ignore[attr-defined,no-any-return]
 
         def release(member: LockProvider) -> None:
             member.release(leases[member.name])
 
-        futures = self._submit(threaded, release, owner)
-        outcomes: dict[str, BaseException | None] = {}
-        finishers: dict[str, Callable[[], None]] = {}
-        for name in split:
-            start = self.members[name].start_release  # type: ignore[attr-defined]
-            finisher = self._caught(start, leases[name])
-            if isinstance(finisher, BaseException):
-                outcomes[name] = finisher
-            else:
-                finishers[name] = finisher
-        for name, finish in finishers.items():
-            outcomes[name] = self._caught(finish)
-        self._collect(futures, outcomes)
-        for name, outcome in outcomes.items():
+        for name, outcome in self._split(list(leases), start, release, owner).items():
             if isinstance(outcome, BackendUnavailable):
                 self._pending.queue(name, Pending(lease=leases[name]))
 
@@ -540,10 +524,11 @@ class Quorum(MakesLocks):
     def _forget(self, grant: _Grant) -> None:
         self._watchdog.unwatch(grant)
         with self._lock:
-            if self._grants.pop(id(grant), None) is None:
-                return
             entry = (grant.owner, grant.key)
-            left = [other for other in self._held.get(entry, ()) if other is not grant]
+            grants = self._held.get(entry, [])
+            if grant not in grants:  # forgotten already
+                return
+            left = [other for other in grants if other is not grant]
             if left:
                 self._held[entry] = left
             else:
@@ -727,7 +712,7 @@ class Quorum(MakesLocks):
             seen = max(candidates, key=len)
             left = sorted((h.expires_in or float("inf") for h in seen), reverse=True)
             expires_in = left[min(self.quorum, len(left)) - 1]
-            fence = max(h.fence or 0 for h in seen) if self.fenced else 0
+            fence = max(h.fence or 0 for h in seen) if self.capabilities.fenced else 0
             return Holder(key, self.name, seen[0].owner, None, fence,
                           None if expires_in == float("inf") else expires_in)  # fmt: skip
         if len(failed) >= self.quorum:
@@ -756,7 +741,7 @@ class Quorum(MakesLocks):
         self._closed = True
         self._watchdog.close()
         with self._lock:
-            grants = list(self._grants.values())
-        for grant in grants:
+            live = [grant for listed in self._held.values() for grant in listed]
+        for grant in live:
             self._lose(grant, f"its quorum {self.name!r} was closed")
         self._pool.shutdown(wait=False)
