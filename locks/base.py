@@ -19,7 +19,17 @@ from locks.events import EventKind, emit
 from locks.holds import Hold, holds
 from locks.names import check_acquire, check_name, check_seconds, check_ttl
 from locks.owner import current_owner, in_this_process, new_token
-from locks.provider import Capabilities, Holder, Lease, LeaseState, LostCallback, MakesLocks
+from locks.provider import (
+    Capabilities,
+    Holder,
+    Lease,
+    LeaseState,
+    LostCallback,
+    MakesLocks,
+    check_lease,
+    check_mine,
+    hold_of,
+)
 from locks.watchdog import Watchdog, mark_lost
 
 P = ParamSpec("P")
@@ -228,9 +238,9 @@ class ProviderBase(MakesLocks, ABC):
         """`release` in two halves: the bookkeeping, and the request where the backend
         can split it, happen now; the call returned finishes (it raises what `release`
         would). A quorum releases on all its members from one thread this way."""
-        self._check_mine(lease)
+        check_mine(lease, self.name)
         state = lease.state
-        hold = self._hold_of(lease)
+        hold = hold_of(lease, Hold)
         try:
             retry = state.begin_release()
         except LookupError as ended:
@@ -294,10 +304,10 @@ class ProviderBase(MakesLocks, ABC):
 
     def extend(self, lease: Lease, ttl: float | None = None) -> Lease:
         new_ttl = check_ttl(ttl)
-        self._check_mine(lease)
+        check_mine(lease, self.name)
         new_ttl = lease.ttl if new_ttl is None else new_ttl
         state = lease.state
-        hold = self._hold_of(lease)
+        hold = hold_of(lease, Hold)
         owner = hold.provider
         with hold.lock:
             now = time.monotonic()
@@ -323,7 +333,7 @@ class ProviderBase(MakesLocks, ABC):
         return lease if new_ttl == lease.ttl else dataclasses.replace(lease, ttl=new_ttl)
 
     def is_held(self, lease: Lease) -> bool:
-        self._check_lease(lease)
+        check_lease(lease, self.name)
         hold = lease.state.hold
         live = lease.state.live(time.monotonic())
         if not in_this_process(lease.owner) or not live or not isinstance(hold, Hold):
@@ -361,7 +371,7 @@ class ProviderBase(MakesLocks, ABC):
         asked for: no level stays valid past then, renewals stop there, and its grant is
         released. A safe-mode chain bounds the grants of its lower tiers this way."""
         seconds = check_seconds(seconds, "seconds")
-        hold = self._hold_of(lease)
+        hold = hold_of(lease, Hold)
         owner = hold.provider
         with hold.lock:
             limit = lease.acquired_at + seconds
@@ -523,12 +533,6 @@ class ProviderBase(MakesLocks, ABC):
         """The holds this provider granted that are still live."""
         return holds.of(self)
 
-    def _hold_of(self, lease: Lease) -> Hold:
-        hold = lease.state.hold
-        if not isinstance(hold, Hold):  # made by hand, not granted: nothing it can touch
-            raise LockNotOwned(f"{lease.key!r}: this lease was never granted in this process")
-        return hold
-
     # -- shared plumbing --------------------------------------------------------------
 
     def _secret(self) -> str | None:
@@ -604,19 +608,6 @@ class ProviderBase(MakesLocks, ABC):
             raise
         except (*self.driver_errors, *self.unavailable_errors, *self.denied_errors) as error:
             raise self._error(error, ambiguous=ambiguous, key=key, token=token) from error
-
-    def _check_lease(self, lease: Lease) -> None:
-        if not isinstance(lease, Lease):
-            raise TypeError(f"lease must be a Lease, not {type(lease).__name__}")
-        if lease.backend != self.name:
-            raise ValueError(f"lease was granted by {lease.backend!r}, not by {self.name!r}")
-
-    def _check_mine(self, lease: Lease) -> None:
-        self._check_lease(lease)
-        if not in_this_process(lease.owner):
-            raise LockNotOwned(
-                f"{lease.key!r}: this lease belongs to the parent of this forked process"
-            )
 
     def _reporting(self, key: str, call: Callable[P, R], *args: P.args, **kwargs: P.kwargs) -> R:
         """Run a call that may reach the server: a driver error that escaped the

@@ -15,7 +15,7 @@ from enum import Enum
 from types import TracebackType
 from typing import ParamSpec, Protocol, TypeVar, cast, runtime_checkable
 
-from locks.errors import LockLost, LockTimeout
+from locks.errors import LockLost, LockNotOwned, LockTimeout
 from locks.names import check_name, check_ttl, check_wait
 from locks.owner import in_this_process
 
@@ -329,6 +329,35 @@ class Lock:
         traceback: TracebackType | None,
     ) -> None:
         self.release()
+
+
+def check_lease(lease: Lease, backend: str) -> None:
+    """Refuse, before any I/O, what is not a lease `backend` granted."""
+    if not isinstance(lease, Lease):
+        raise TypeError(f"lease must be a Lease, not {type(lease).__name__}")
+    if lease.backend != backend:
+        raise ValueError(f"lease was granted by {lease.backend!r}, not by {backend!r}")
+
+
+def check_mine(lease: Lease, backend: str) -> None:
+    """`check_lease`, and refuse a lease of the parent of this forked process."""
+    check_lease(lease, backend)
+    if not in_this_process(lease.owner):
+        raise LockNotOwned(
+            f"{lease.key!r}: this lease belongs to the parent of this forked process"
+        )
+
+
+H = TypeVar("H")
+
+
+def hold_of(lease: Lease, kind: type[H]) -> H:
+    """The provider's record of the grant `lease` is a level of; `LockNotOwned` for a
+    lease made by hand, which can touch nothing."""
+    hold = lease.state.hold
+    if not isinstance(hold, kind):
+        raise LockNotOwned(f"{lease.key!r}: this lease was never granted in this process")
+    return hold
 
 
 def _threading_wait(blocking: bool, timeout: float) -> float | _Default | None:

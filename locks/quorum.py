@@ -57,6 +57,9 @@ from locks.provider import (
     LockProvider,
     LostCallback,
     MakesLocks,
+    check_lease,
+    check_mine,
+    hold_of,
 )
 from locks.watchdog import Watchdog, mark_lost
 
@@ -504,22 +507,9 @@ class Quorum(MakesLocks):
 
     # -- release, extend, renewal -----------------------------------------------------------
 
-    def _check_lease(self, lease: Lease) -> None:
-        if not isinstance(lease, Lease):
-            raise TypeError(f"lease must be a Lease, not {type(lease).__name__}")
-        if lease.backend != self.name:
-            raise ValueError(f"lease was granted by {lease.backend!r}, not by {self.name!r}")
-
     def _grant_of(self, lease: Lease) -> _Grant:
-        self._check_lease(lease)
-        grant = lease.state.hold
-        if not isinstance(grant, _Grant):  # made by hand, not granted: nothing it can touch
-            raise LockNotOwned(f"{lease.key!r}: this lease was never granted in this process")
-        if not in_this_process(lease.owner):
-            raise LockNotOwned(
-                f"{lease.key!r}: this lease belongs to the parent of this forked process"
-            )
-        return grant
+        check_mine(lease, self.name)
+        return hold_of(lease, _Grant)
 
     def _forget(self, grant: _Grant) -> None:
         self._watchdog.unwatch(grant)
@@ -674,7 +664,7 @@ class Quorum(MakesLocks):
             self._undo(leases, grant.owner)
 
     def is_held(self, lease: Lease) -> bool:
-        self._check_lease(lease)
+        check_lease(lease, self.name)
         grant = lease.state.hold
         live = lease.state.live(time.monotonic())
         if not in_this_process(lease.owner) or not live or not isinstance(grant, _Grant):
