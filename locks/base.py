@@ -263,11 +263,9 @@ class ProviderBase(MakesLocks, ABC):
         owner = hold.provider  # its connection made the grant
         try:
             read = owner._reporting(lease.key, owner._start_release, hold.anchor)
-        except BackendUnavailable:
-            state.release_failed()  # it may have run: a retry is safe, under the same token
-            owner._forget(hold)
-            raise
-        except BaseException:
+        except BaseException as error:  # nothing to read: the hold is over all the same
+            if isinstance(error, BackendUnavailable):
+                state.release_failed()  # it may have run: a retry is safe, under the same token
             owner._forget(hold)
             raise
 
