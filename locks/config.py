@@ -146,7 +146,6 @@ class Registry:
 
     def __init__(self, data: Mapping[str, Any], environ: Mapping[str, str]) -> None:
         _unknown(data, _TOP_KEYS, "")
-        self._specs = data
         self._backends: dict[str, LockProvider] = {}
         try:
             specs = _table(data, "backends", "backends")
@@ -155,7 +154,7 @@ class Registry:
                 if name not in quorums:
                     self._backends[name] = self._make_backend(name, spec, f"backends.{name}")
             for name, spec in quorums.items():
-                self._backends[name] = self._make_quorum(name, spec, f"backends.{name}")
+                self._backends[name] = self._make_quorum(name, spec, f"backends.{name}", quorums)
             self.switch = self._make_switch(_table(data, "switch", "switch"), environ)
             self._chains = {
                 name: self._make_chain(name, spec, f"scenarios.{name}")
@@ -187,7 +186,9 @@ class Registry:
             raise ConfigError(f"{_place(where, exc, options)}: {exc}") from exc
         return provider
 
-    def _make_quorum(self, name: str, spec: Mapping[str, Any], where: str) -> LockProvider:
+    def _make_quorum(
+        self, name: str, spec: Mapping[str, Any], where: str, quorums: Mapping[str, Any]
+    ) -> LockProvider:
         _unknown(spec, _QUORUM_KEYS, where)
         names = spec.get("members")
         if not isinstance(names, list) or not all(isinstance(n, str) for n in names):
@@ -195,11 +196,7 @@ class Registry:
                               'e.g. ["r1", "r2"]')  # fmt: skip
         for index, member in enumerate(names):
             if member not in self._backends:
-                what = (
-                    "a quorum cannot be a member"
-                    if _is_quorum(_table(self._specs, "backends", "backends").get(member))
-                    else "unknown backend"
-                )
+                what = "a quorum cannot be a member" if member in quorums else "unknown backend"
                 raise ConfigError(f"{where}.members[{index}]: {what} {member!r}")
         options = {k: v for k, v in spec.items() if k not in ("type", "members")}
         try:
