@@ -127,18 +127,32 @@ def provider_contender(provider: LockProvider, label: str, *tiers: LockProvider)
     return Contender(label, acquire, release, close, ours=True)
 
 
-def arguments(description: str | None, argv: list[str] | None, repetitions: bool = False) -> Any:
-    """The options every benchmark takes."""
-    parser = argparse.ArgumentParser(description=description)
-    parser.add_argument("--cycles", type=int, default=2000)
-    parser.add_argument("--rounds", type=int, default=5)
-    parser.add_argument("--samples", type=int, default=20)
+def parser(
+    description: str | None, *, repetitions: str | None = None, results: Path | None = None
+) -> argparse.ArgumentParser:
+    """The options every benchmark takes; --repetitions (`repetitions`: of what) and
+    --json (`results`: its default file) where a benchmark has them."""
+    options = argparse.ArgumentParser(
+        description=description, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    options.add_argument("--cycles", type=int, default=2000, help="per contender and round")
+    options.add_argument("--rounds", type=int, default=5)
+    options.add_argument("--samples", type=int, default=20, help="hand-offs per contender")
     if repetitions:
-        parser.add_argument("--repetitions", type=int, default=5, help="outages to time")
-    parser.add_argument(
+        options.add_argument("--repetitions", type=int, default=5, help=repetitions)
+    if results:
+        options.add_argument("--json", type=Path, help=f"default: {results}")
+    options.add_argument(
         "--no-write", action="store_true", help="do not append to docs/ or draw docs/img/"
     )
-    return parser.parse_args(argv)
+    return options
+
+
+def arguments(description: str | None, argv: list[str] | None, repetitions: bool = False) -> Any:
+    """The options every benchmark takes, parsed."""
+    return parser(description, repetitions="outages to time" if repetitions else None).parse_args(
+        argv
+    )
 
 
 def publish(

@@ -55,7 +55,7 @@ import pytest
 import redis
 from pottery import Redlock
 
-from benchmarks import plots
+from benchmarks import harness, plots
 from benchmarks.harness import Contender, append_report, provider_contender, utc_stamp
 from locks import measure as core
 from locks.backends import DatabaseProvider, RedisProvider, ZooKeeperProvider
@@ -346,19 +346,10 @@ def setup_note(rows: list[plots.QuorumRow], settings: dict[str, Any], seconds: f
 
 
 def arguments(argv: list[str] | None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
-    parser.add_argument("--cycles", type=int, default=2000, help="per contender and round")
-    parser.add_argument("--rounds", type=int, default=5)
-    parser.add_argument("--samples", type=int, default=20, help="hand-offs per contender")
-    parser.add_argument("--json", type=Path, help=f"default: {plots.QUORUM_RESULTS}")
-    parser.add_argument(
-        "--no-write", action="store_true", help="do not append to docs/ or draw docs/img/"
-    )
-    args = parser.parse_args(argv)
+    options = harness.parser(__doc__, results=plots.QUORUM_RESULTS)
+    args = options.parse_args(argv)
     if args.cycles < 1 or args.rounds < 1 or args.samples < 0:
-        parser.error("need --cycles >= 1, --rounds >= 1 and --samples >= 0")
+        options.error("need --cycles >= 1, --rounds >= 1 and --samples >= 0")
     return args
 
 

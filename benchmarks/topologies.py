@@ -57,7 +57,7 @@ from redis.cluster import ClusterNode, RedisCluster
 from redis.crc import key_slot
 from redis.sentinel import Sentinel
 
-from benchmarks import plots
+from benchmarks import harness, plots
 from benchmarks.harness import (
     Contender,
     Result,
@@ -439,18 +439,10 @@ def setup_note(settings: dict[str, Any], seconds: float) -> str:
 
 
 def arguments(argv: list[str] | None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    options = harness.parser(
+        __doc__, repetitions="failovers per topology", results=plots.TOPOLOGIES_RESULTS
     )
-    parser.add_argument("--cycles", type=int, default=2000, help="per contender and round")
-    parser.add_argument("--rounds", type=int, default=5)
-    parser.add_argument("--samples", type=int, default=20, help="hand-offs per contender")
-    parser.add_argument("--repetitions", type=int, default=5, help="failovers per topology")
-    parser.add_argument("--json", type=Path, help=f"default: {plots.TOPOLOGIES_RESULTS}")
-    parser.add_argument(
-        "--no-write", action="store_true", help="do not append to docs/ or draw docs/img/"
-    )
-    return parser.parse_args(argv)
+    return options.parse_args(argv)
 
 
 def run(args: argparse.Namespace) -> tuple[list[plots.CycleRow], list[plots.FailoverRow]]:
