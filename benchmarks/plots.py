@@ -291,10 +291,15 @@ def draw_topologies(
     return path
 
 
+def _results(path: Path, module: str) -> Any:
+    """A benchmark's raw results, or an exit naming the command that writes them."""
+    if not path.exists():
+        raise SystemExit(f"no {path}: run python -m benchmarks.{module}")
+    return json.loads(path.read_text())
+
+
 def load_topologies(results: Path = TOPOLOGIES_RESULTS) -> TopologyResults:
-    if not results.exists():
-        raise SystemExit(f"no {results}: run python -m benchmarks.topologies")
-    return cast(TopologyResults, json.loads(results.read_text()))
+    return cast(TopologyResults, _results(results, "topologies"))
 
 
 class QuorumRow(TypedDict):
@@ -388,9 +393,7 @@ def draw_quorum(title: str, rows: Sequence[QuorumRow], path: Path | None = None)
 
 
 def load_quorum(results: Path = QUORUM_RESULTS) -> QuorumResults:
-    if not results.exists():
-        raise SystemExit(f"no {results}: run python -m benchmarks.quorum")
-    return cast(QuorumResults, json.loads(results.read_text()))
+    return cast(QuorumResults, _results(results, "quorum"))
 
 
 # -- docs/benchmarks.md ------------------------------------------------------------------
