@@ -40,6 +40,7 @@ from locks.names import redis_hash_tag
 from tests import workers
 from tests.ports import free_port
 from tests.servers import MariaDBServer, RedisServer, ZooKeeperServer
+from tests.threads import in_thread
 
 SPAWN = multiprocessing.get_context("spawn")
 
@@ -59,11 +60,6 @@ def tiers(redis_server: RedisServer) -> Iterator[tuple[RedisHashProvider, LocalP
     upper.close()
 
 
-def other_owner(call: object) -> object:
-    with ThreadPoolExecutor(max_workers=1) as pool:
-        return pool.submit(call).result(timeout=60)  # type: ignore[arg-type]
-
-
 def kinds_of(events: list[Event], *kinds: EventKind) -> list[Event]:
     return [event for event in events if event.kind in kinds]
 
@@ -76,7 +72,7 @@ def test_contention_never_degrades(
     held = chain.acquire(key, ttl=30)
     assert held is not None and held.backend == "redis"
     started = time.monotonic()
-    assert other_owner(lambda: chain.acquire(key, ttl=30, wait=0.3)) is None
+    assert in_thread(lambda: chain.acquire(key, ttl=30, wait=0.3)) is None
     assert 0.25 <= time.monotonic() - started < 1.5
     assert len(lower) == 0, "the lower tier was asked"
     assert not kinds_of(events, EventKind.DEGRADED)
@@ -166,9 +162,9 @@ def test_a_release_on_a_dead_tier_is_queued_and_sent_when_it_answers(
     while chain.pending("redis") and time.monotonic() < deadline:
         time.sleep(0.02)
     assert chain.pending("redis") == 0
-    free = other_owner(lambda: chain.acquire(key, ttl=30, wait=0))
-    assert free is not None and free.backend == "redis"  # type: ignore[attr-defined]
-    chain.release(free)  # type: ignore[arg-type]
+    free = in_thread(lambda: chain.acquire(key, ttl=30, wait=0))
+    assert free is not None and free.backend == "redis"
+    chain.release(free)
 
 
 class ReplyLost:
@@ -318,12 +314,12 @@ def test_safe_mode_holds_the_lower_tier_back_for_max_lease(
     # fail-back: Redis answers again, the outage's holder on `local` still excludes others
     redis_server.start()
     time.sleep(0.4)
-    assert other_owner(lambda: chain.acquire(key, ttl=1, wait=0.3)) is None
+    assert in_thread(lambda: chain.acquire(key, ttl=1, wait=0.3)) is None
     chain.release(lease)
-    back = other_owner(lambda: chain.acquire(key, ttl=1, wait=1))
-    assert back is not None and back.backend == "redis"  # type: ignore[attr-defined]
+    back = in_thread(lambda: chain.acquire(key, ttl=1, wait=1))
+    assert back is not None and back.backend == "redis"
     assert lower.holder(key) is None
-    chain.release(back)  # type: ignore[arg-type]
+    chain.release(back)
     chain.close()
 
 
@@ -439,7 +435,7 @@ def test_a_release_that_ran_is_never_replayed_onto_the_outer_grant(
     assert wait_until(lambda: chain.pending("upper") == 0, 5)
     outer.check()
     assert chain.is_held(outer)
-    assert other_owner(lambda: chain.acquire(key, ttl=30, wait=0)) is None
+    assert in_thread(lambda: chain.acquire(key, ttl=30, wait=0)) is None
     chain.release(outer)
     upper.close()
 
@@ -467,9 +463,9 @@ def test_a_phantom_row_the_same_thread_meets_again_is_released_for_good(
     assert again is not None and again.backend == "db"
     assert wait_until(lambda: chain.pending("db") == 0, 5)
     chain.release(again)
-    free = other_owner(lambda: chain.acquire(key, ttl=30, wait=0))
+    free = in_thread(lambda: chain.acquire(key, ttl=30, wait=0))
     assert free is not None, "the phantom row still holds the key"
-    chain.release(free)  # type: ignore[arg-type]
+    chain.release(free)
     db.close()
 
 
@@ -498,14 +494,14 @@ def test_safe_mode_bounds_a_lower_tiers_lease_by_max_lease(
     ends = held.acquired_at + 1.0
     overlaps = []
     while time.monotonic() < ends + 1.5:
-        other = other_owner(lambda: chain.acquire(key, ttl=1, wait=0))
+        other = in_thread(lambda: chain.acquire(key, ttl=1, wait=0))
         if other is not None:
             try:
                 held.check()
-                overlaps.append(other.backend)  # type: ignore[attr-defined]
+                overlaps.append(other.backend)
             except LockLost:
                 pass
-            chain.release(other)  # type: ignore[arg-type]
+            chain.release(other)
         time.sleep(0.1)
     assert not overlaps, f"granted by {overlaps} while the zk lease still passed check()"
     with pytest.raises(LockLost):

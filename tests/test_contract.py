@@ -16,7 +16,7 @@ import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 import pytest
 
@@ -24,9 +24,9 @@ from locks import Lease, LockLost, LockNotOwned, LockProvider, LockTimeout
 from tests import workers
 from tests.backends import Backend, kinds
 from tests.forks import in_forked_child
+from tests.threads import in_thread
 
 SPAWN = multiprocessing.get_context("spawn")
-T = TypeVar("T")
 
 
 def run_threads(count: int, target: Callable[[int], Any]) -> list[Any]:
@@ -39,12 +39,6 @@ def run_threads(count: int, target: Callable[[int], Any]) -> list[Any]:
 
     with ThreadPoolExecutor(max_workers=count) as pool:
         return list(pool.map(start, range(count)))
-
-
-def in_thread(call: Callable[[], T]) -> T:
-    """Run `call` on another thread (another owner) and return its result."""
-    with ThreadPoolExecutor(max_workers=1) as pool:
-        return pool.submit(call).result(timeout=60)
 
 
 # -- mutual exclusion -------------------------------------------------------------------

@@ -9,9 +9,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterator
-from concurrent.futures import ThreadPoolExecutor
-from typing import TypeVar
+from collections.abc import Iterator
 
 import pytest
 
@@ -24,8 +22,7 @@ from locks.owner import current_owner, in_this_process, new_token
 from locks.watchdog import Watchdog
 from tests.forks import in_forked_child
 from tests.servers import RedisServer
-
-T = TypeVar("T")
+from tests.threads import in_thread
 
 
 def test_names_up_to_255_characters_of_any_script_are_accepted() -> None:
@@ -479,7 +476,7 @@ def test_a_lock_handle_ports_from_threading_lock() -> None:
     assert handle.locked() and handle.lease is not None
     other = provider.lock("port")
     started = time.monotonic()
-    results = run_in_thread(lambda: [other.acquire(False), other.acquire(blocking=False),
+    results = in_thread(lambda: [other.acquire(False), other.acquire(blocking=False),
                                      other.acquire(True, timeout=0.2),
                                      other.acquire(timeout=0.1)])  # fmt: skip
     assert results == [None, None, None, None]
@@ -493,8 +490,3 @@ def test_a_lock_handle_ports_from_threading_lock() -> None:
     assert handle.acquire(True) and handle.acquire(blocking=True)  # reentrant: two levels
     handle.release()
     handle.release()
-
-
-def run_in_thread(call: Callable[[], T]) -> T:
-    with ThreadPoolExecutor(max_workers=1) as pool:
-        return pool.submit(call).result(timeout=60)

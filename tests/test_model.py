@@ -51,6 +51,7 @@ from locks.owner import current_owner
 from locks.provider import Capabilities, Holder
 from tests.backends import Backend, kinds
 from tests.forks import in_forked_child
+from tests.threads import in_thread
 
 T = TypeVar("T")
 
@@ -157,12 +158,6 @@ def holder_of(provider: LockProvider, key: str) -> Holder | None:
     """`provider.holder(key)`: beside the protocol, on every backend and on a chain."""
     found: Holder | None = provider.holder(key)  # type: ignore[attr-defined]
     return found
-
-
-def in_thread(call: Callable[[], T]) -> T:
-    """Run `call` as another owner (another thread)."""
-    with ThreadPoolExecutor(max_workers=1) as pool:
-        return pool.submit(call).result(timeout=60)
 
 
 @dataclass

@@ -11,10 +11,9 @@ import multiprocessing
 import random
 import threading
 import time
-from collections.abc import Callable, Iterator
-from concurrent.futures import ThreadPoolExecutor
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 import pytest
 import redis
@@ -40,9 +39,9 @@ from tests import workers
 from tests.servers import MariaDBServer, RedisServer, ZooKeeperServer
 from tests.servers.redis_masters import RedisMasters
 from tests.test_contract import exclusive_sections
+from tests.threads import in_thread
 
 SPAWN = multiprocessing.get_context("spawn")
-T = TypeVar("T")
 
 
 @pytest.fixture
@@ -513,11 +512,6 @@ def test_a_member_that_refuses_access_counts_as_down_even_as_the_gate(
     finally:
         admin.acl_deluser("quorum-wrongpass")
         admin.close()
-
-
-def in_thread(call: Callable[[], T]) -> T:
-    with ThreadPoolExecutor(max_workers=1) as pool:
-        return pool.submit(call).result(timeout=60)
 
 
 def test_holder_is_sure_of_nobody_only_when_enough_members_answered(

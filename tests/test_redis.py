@@ -9,10 +9,8 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterator
-from concurrent.futures import ThreadPoolExecutor
+from collections.abc import Iterator
 from pathlib import Path
-from typing import TypeVar
 
 import pytest
 import redis
@@ -26,15 +24,9 @@ from locks.events import Event, EventKind, add_observer, remove_observer
 from locks.owner import current_owner
 from tests.ports import free_port
 from tests.servers import RedisServer
+from tests.threads import in_thread
 
 PROVIDERS = [RedisProvider, RedisHashProvider]
-T = TypeVar("T")
-
-
-def in_thread(call: Callable[[], T]) -> T:
-    """Run `call` on another thread (another owner) and return its result."""
-    with ThreadPoolExecutor(max_workers=1) as pool:
-        return pool.submit(call).result(timeout=60)
 
 
 @pytest.fixture(params=PROVIDERS, ids=["redis", "redis-hash"])
