@@ -39,7 +39,7 @@ from locks.backends import (
 from locks.names import redis_hash_tag
 from tests import workers
 from tests.ports import free_port
-from tests.servers import MariaDBServer, RedisServer, ZooKeeperServer
+from tests.servers import MariaDBServer, RedisServer, ZooKeeperServer, wrong_password
 from tests.threads import in_thread
 
 SPAWN = multiprocessing.get_context("spawn")
@@ -590,24 +590,19 @@ def test_wrong_credentials_are_refused_not_degraded_to_a_lower_tier(
 ) -> None:
     """A wrong password is a configuration error, not an outage: no tier below is asked
     (with `local` there, every lock would exclude nobody), and no retry is made."""
-    admin = redis.Redis.from_url(redis_server.url)
-    admin.acl_setuser("locks-wrongpass", enabled=True, passwords=["+right"], keys=["*"],
-                      commands=["+@all"])  # fmt: skip
     events: list[Event] = []
     add_observer(events.append)
-    url = redis_server.url.replace("redis://", "redis://locks-wrongpass:wrong@")
-    upper, lower = RedisHashProvider(url, name="redis"), LocalProvider(name="wrongpass-local")
-    chain = FallbackChain([upper, lower])
-    try:
-        with pytest.raises(AccessDenied) as refused:
-            chain.acquire(key, ttl=5, wait=0)
-        assert refused.value.backend == "redis" and "wrong" not in str(refused.value)
-        assert len(lower) == 0, "a lower tier granted past bad credentials"
-        assert not kinds_of(events, EventKind.DEGRADED)
-        assert len(kinds_of(events, EventKind.BACKEND_ERROR)) == 1, "bad credentials retried"
-    finally:
-        remove_observer(events.append)
-        chain.close()
-        upper.close()
-        admin.acl_deluser("locks-wrongpass")
-        admin.close()
+    with wrong_password(redis_server.url) as url:
+        upper, lower = RedisHashProvider(url, name="redis"), LocalProvider(name="wrongpass-local")
+        chain = FallbackChain([upper, lower])
+        try:
+            with pytest.raises(AccessDenied) as refused:
+                chain.acquire(key, ttl=5, wait=0)
+            assert refused.value.backend == "redis" and "wrong" not in str(refused.value)
+            assert len(lower) == 0, "a lower tier granted past bad credentials"
+            assert not kinds_of(events, EventKind.DEGRADED)
+            assert len(kinds_of(events, EventKind.BACKEND_ERROR)) == 1, "bad credentials retried"
+        finally:
+            remove_observer(events.append)
+            chain.close()
+            upper.close()

@@ -16,7 +16,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import redis
 
 from locks import (
     BackendUnavailable,
@@ -36,7 +35,7 @@ from locks.backends import (
 )
 from locks.quorum import Quorum, fenced_by_raising
 from tests import workers
-from tests.servers import MariaDBServer, RedisServer, ZooKeeperServer
+from tests.servers import MariaDBServer, RedisServer, ZooKeeperServer, wrong_password
 from tests.servers.redis_masters import RedisMasters
 from tests.test_contract import exclusive_sections
 from tests.threads import in_thread
@@ -492,26 +491,19 @@ def test_a_member_that_refuses_access_counts_as_down_even_as_the_gate(
 ) -> None:
     """A member with wrong credentials is a member the quorum goes on without (each
     refusal an event), in the first round and when it is the gate of a contended key."""
-    admin = redis.Redis.from_url(redis_masters.urls[0])
-    admin.acl_setuser("quorum-wrongpass", enabled=True, passwords=["+right"], keys=["*"],
-                      commands=["+@all"])  # fmt: skip
-    bad = redis_masters.urls[0].replace("redis://", "redis://quorum-wrongpass:wrong@")
-    members = [RedisProvider(bad, name="r0"),
-               *(RedisProvider(url, name=f"r{i}") for i, url in enumerate(redis_masters.urls)
-                 if i)]  # fmt: skip
-    quorum = Quorum(members)
-    made.append(quorum)
-    key = next(f"gate:{i}" for i in itertools.count() if quorum._order(f"gate:{i}")[0] == "r0")
-    try:
+    with wrong_password(redis_masters.urls[0]) as bad:
+        members = [RedisProvider(bad, name="r0"),
+                   *(RedisProvider(url, name=f"r{i}")
+                     for i, url in enumerate(redis_masters.urls) if i)]  # fmt: skip
+        quorum = Quorum(members)
+        made.append(quorum)
+        key = next(f"gate:{i}" for i in itertools.count() if quorum._order(f"gate:{i}")[0] == "r0")
         holder = quorum.acquire(key, ttl=5)
         assert holder is not None and sorted(holder.state.hold.leases) == ["r1", "r2", "r3", "r4"]  # type: ignore[attr-defined]
         threading.Timer(0.2, quorum.release, [holder]).start()
         waiter = in_thread(lambda: quorum.acquire(key, ttl=5, wait=3))
         assert waiter is not None and waiter.fence > holder.fence
         quorum.release(waiter)
-    finally:
-        admin.acl_deluser("quorum-wrongpass")
-        admin.close()
 
 
 def test_holder_is_sure_of_nobody_only_when_enough_members_answered(

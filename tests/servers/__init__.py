@@ -16,6 +16,7 @@ import subprocess
 import tempfile
 import time
 from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Protocol, TypeVar
 
@@ -155,6 +156,21 @@ class RedisServer(ServerProcess):
 
     def ready(self) -> bool:
         return _answers(self.port, b"PING\r\n", b"+PONG")
+
+
+@contextmanager
+def wrong_password(url: str, user: str = "locks-wrongpass") -> Iterator[str]:
+    """`url` for an ACL user of that server whose password it gets wrong: the server
+    refuses it (WRONGPASS) while the user exists, until the block ends."""
+    import redis  # noqa: PLC0415 - only the tests of refused credentials need it
+
+    admin = redis.Redis.from_url(url)
+    admin.acl_setuser(user, enabled=True, passwords=["+right"], keys=["*"], commands=["+@all"])
+    try:
+        yield url.replace("redis://", f"redis://{user}:wrong@")
+    finally:
+        admin.acl_deluser(user)
+        admin.close()
 
 
 @pytest.fixture(scope="session")
