@@ -15,10 +15,10 @@ from contextlib import contextmanager
 from typing import ClassVar, NamedTuple, ParamSpec, TypeVar
 
 from locks.errors import AccessDenied, BackendError, BackendUnavailable, LockError, LockNotOwned
-from locks.events import EventKind, emit
+from locks.events import EventKind, emit, emit_broken
 from locks.holds import Hold, holds
 from locks.names import check_acquire, check_name, check_seconds, check_ttl
-from locks.owner import current_owner, in_this_process, new_token
+from locks.owner import current_owner, in_this_process, new_token, who
 from locks.provider import (
     Capabilities,
     Holder,
@@ -109,6 +109,12 @@ class ProviderBase(MakesLocks, ABC):
     def _holder(self, key: str) -> Holder | None:
         """Who holds `key` now, as the server sees it (None: nobody)."""
         raise NotImplementedError(f"the {self.type_name} backend cannot say who holds a lock")
+
+    def _break(self, key: str) -> Holder | None:
+        """End whoever holds `key` now, whatever its owner, so that its next renewal,
+        extend or release finds it gone and the next grant's fence is above its own;
+        the holder it ended (None: nobody held it)."""
+        raise NotImplementedError(f"the {self.type_name} backend cannot break a lock")
 
     def _domain(self) -> Hashable:
         """What makes two provider objects one lock domain (the same server and
@@ -252,7 +258,7 @@ class ProviderBase(MakesLocks, ABC):
         expired = state.expired(now)
         if not retry:
             with hold.lock:
-                hold.levels = [level for level in hold.levels if level.state is not state]
+                hold.drop(state)
                 last = not hold.ending and not hold.live(now)
                 hold.ending = hold.ending or last
             if not last:  # other levels live on: nothing to tell the server
@@ -364,6 +370,25 @@ class ProviderBase(MakesLocks, ABC):
                 found = dataclasses.replace(found, depth=len(hold.live(time.monotonic())))
         return found
 
+    def break_lock(self, key: str, *, by: str | None = None) -> Holder | None:
+        """Free `key` whoever holds it: for an operator clearing a lock whose holder is
+        stuck or gone (`locks break`). The holder's next renewal, extend or release
+        fails and its `on_lost` runs; the next grant's fence is above the broken one,
+        so storage that checks fences refuses the old holder's writes. What the old
+        holder does before it learns of it is unprotected. Returns the holder it
+        ended, None if nobody held `key`. `by` names who broke it in the event logged
+        (default: this user, host and process)."""
+        key = check_name(key)
+        broken = self._reporting(key, self._break, key)
+        if broken is None:
+            return None
+        by = by or who()
+        for hold in self._holds():  # a holder in this process hears of it now
+            if hold.key == key and hold.anchor.fence == broken.fence:
+                self._lose(hold, f"it was broken by {by}")
+        emit_broken(self.name, key, by, broken)
+        return broken
+
     def bound(self, lease: Lease, seconds: float) -> None:
         """End `lease`'s hold (every level) `seconds` after it was granted, however it was
         asked for: no level stays valid past then, renewals stop there, and its grant is
@@ -435,7 +460,7 @@ class ProviderBase(MakesLocks, ABC):
                 state = LeaseState(valid_until, on_lost, hold)
                 lease = Lease(anchor.key, self.name, anchor.owner, new_token(), anchor.fence,
                               ttl, len(hold.live(now)) + 1, now, auto, state)  # fmt: skip
-                hold.levels.append(lease)
+                hold.add(lease)
                 watch = auto and not hold.watched
                 hold.watched = hold.watched or watch
         if lost:
@@ -455,7 +480,8 @@ class ProviderBase(MakesLocks, ABC):
             if hold.ending or hold.over:
                 hold.watched = False
                 return None
-            renewed = [level for level in hold.levels if level.auto_renew]
+            levels = hold.levels
+            renewed = [level for level in levels if level.auto_renew]
             auto = [level for level in renewed if level.state.live(now)]
             # levels whose validity ran out before they could be renewed (the process was
             # frozen, or this thread starved): lost, and told so, never quietly dropped
@@ -488,6 +514,9 @@ class ProviderBase(MakesLocks, ABC):
                     ended = "the backend no longer holds it"
             if due is None:
                 hold.watched = False
+        if ended is None and not levels:  # every holder dropped its lease unreleased:
+            self._forget(hold)  # the server lets it expire; nobody here can use it again
+            return None
         if ended is not None:
             self._lose(hold, ended)
             if hold.limit is not None:  # a bounded grant is ended on the server too

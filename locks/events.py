@@ -11,7 +11,7 @@ from enum import StrEnum
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from locks.provider import Lease
+    from locks.provider import Holder, Lease
 
 logger = logging.getLogger("locks")
 # A library's convention: nothing on stderr unless the application set up logging
@@ -31,6 +31,7 @@ class EventKind(StrEnum):
     BREAKER = "breaker"  # a tier's circuit breaker changed state (detail: old -> new)
     SWITCHED = "switched"  # the kill-switch changed (detail: the new state)
     RELEASE_QUEUED = "release_queued"  # a release waits for its tier to answer again
+    BROKEN = "broken"  # an operator freed a held lock (detail: by whom, whose grant)
 
 
 @dataclass(frozen=True, slots=True)
@@ -59,6 +60,7 @@ _LEVELS = {
     EventKind.BREAKER: logging.INFO,
     EventKind.SWITCHED: logging.INFO,
     EventKind.RELEASE_QUEUED: logging.WARNING,
+    EventKind.BROKEN: logging.WARNING,
 }
 
 
@@ -115,3 +117,9 @@ def emit(
             observer(event)
         except Exception:
             logger.exception("lock event observer %r failed", observer)
+
+
+def emit_broken(backend: str, key: str, by: str, holder: Holder) -> None:
+    """An operator freed `key` (`break_lock`): say who, and whose grant it was."""
+    detail = f"by {by}: held by {holder.owner} with fence {holder.fence}"
+    emit(EventKind.BROKEN, backend, key, detail=detail)

@@ -13,12 +13,21 @@ expiry always covers every live level.
 Holds are found by (domain, owner, key): provider objects of one lock domain (the same
 server and namespace) share them, so a thread holding a key through one object
 re-enters it through another instead of waiting for itself.
+
+A hold refers to its levels weakly, as a file object is not kept open by the runtime:
+a lease its holder dropped without releasing it stops counting as live, so the watchdog
+stops renewing it (the server lets it expire within its ttl) and a `ResourceWarning`
+names the key. The grant's identity (`anchor`) is a copy the hold keeps for itself.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import logging
 import threading
-from collections.abc import Hashable
+import warnings
+import weakref
+from collections.abc import Callable, Hashable
 from typing import TYPE_CHECKING
 
 from locks.forking import start_afresh_when_forked
@@ -28,17 +37,40 @@ if TYPE_CHECKING:
     from locks.base import ProviderBase
 
 
-class Hold:
-    """One server grant: `anchor` is its first level (its token and fence are the ones
-    the server knows), `levels` every level granted on it, in order."""
+logger = logging.getLogger("locks")
 
-    __slots__ = ("_done", "anchor", "ending", "levels", "limit", "lock", "over", "provider",
+
+def abandoned(lease: Lease) -> Callable[[weakref.ref[Lease]], None] | None:
+    """What runs when `lease` is collected: a warning if it is a renewed lease nobody
+    released. It runs inside the garbage collector, on any thread: it takes no lock."""
+    if not lease.auto_renew:
+        return None  # it expires by itself, as it would have if kept
+    key, backend, ttl, state = lease.key, lease.backend, lease.ttl, lease.state
+
+    def collected(_: weakref.ref[Lease]) -> None:
+        if not (state.ended or state.lost):
+            message = (
+                f"lease on {key!r} from {backend!r} was dropped without release: its "
+                f"renewal stopped, and the backend frees it within {ttl:g} s"
+            )
+            logger.warning("%s", message)
+            warnings.warn(message, ResourceWarning, stacklevel=1)
+
+    return collected
+
+
+class Hold:
+    """One server grant: `anchor` is a copy of its first level (its token and fence are
+    the ones the server knows), `levels` the levels granted on it that are still
+    referenced, in order."""
+
+    __slots__ = ("_done", "_levels", "anchor", "ending", "limit", "lock", "over", "provider",
                  "valid_until", "watched")  # fmt: skip
 
-    def __init__(self, provider: ProviderBase, anchor: Lease, valid_until: float | None) -> None:
+    def __init__(self, provider: ProviderBase, first: Lease, valid_until: float | None) -> None:
         self.provider = provider  # the object that made the grant: its connection serves it
-        self.anchor = anchor
-        self.levels = [anchor]
+        self.anchor = dataclasses.replace(first)  # not `first`: the holder may drop that
+        self._levels = [weakref.ref(first, abandoned(first))]
         # when the server may give the key away, as far as this process can tell (sent
         # time of the last request that set the expiry, plus its ttl); None: no expiry
         self.valid_until = valid_until
@@ -54,6 +86,20 @@ class Hold:
     @property
     def key(self) -> str:
         return self.anchor.key
+
+    @property
+    def levels(self) -> list[Lease]:
+        """The levels still referenced by their holders, in order."""
+        return [level for ref in self._levels if (level := ref()) is not None]
+
+    def add(self, level: Lease) -> None:
+        """Stack a new level (called under `lock`)."""
+        self._levels.append(weakref.ref(level, abandoned(level)))
+
+    def drop(self, state: LeaseState) -> None:
+        """Unstack the level whose state is `state`, and those collected (under `lock`)."""
+        self._levels = [ref for ref in self._levels
+                        if (level := ref()) is not None and level.state is not state]  # fmt: skip
 
     def finish(self) -> None:
         """Mark it over (callable with or without `lock` held)."""

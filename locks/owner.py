@@ -8,10 +8,12 @@ lock its parent took.
 
 from __future__ import annotations
 
+import getpass
 import itertools
 import os
 import random
 import secrets
+import socket
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -72,3 +74,13 @@ def new_token() -> str:
     from the OS and reseeds itself in a forked child, so parent and child never share
     a sequence."""
     return f"{_random_bits(128):032x}"
+
+
+def who() -> str:
+    """A person-readable name of this process, for the events that say who did
+    something (`user@host pid N`)."""
+    try:
+        user = getpass.getuser()
+    except (KeyError, OSError):  # no name for this uid (a container)
+        user = f"uid {os.getuid()}"
+    return f"{user}@{socket.gethostname()} pid {os.getpid()}"

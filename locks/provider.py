@@ -111,7 +111,7 @@ class LeaseState:
             return callbacks
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, weakref_slot=True)
 class Lease:
     """One grant of a lock. `acquired_at` is `time.monotonic()` when the acquire request
     was sent; `ttl` is the lease length in force (the watchdog ttl when `auto_renew`)."""

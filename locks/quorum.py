@@ -37,17 +37,19 @@ import dataclasses
 import random
 import threading
 import time
+import weakref
 import zlib
 from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Protocol, TypeVar, runtime_checkable
+from typing import Protocol, TypeVar, cast, runtime_checkable
 
 from locks.errors import BackendUnavailable, LockError, LockNotOwned
-from locks.events import EventKind, emit
+from locks.events import EventKind, emit, emit_broken
 from locks.forking import start_afresh_when_forked
+from locks.holds import abandoned
 from locks.names import check_acquire, check_name, check_seconds, check_ttl
-from locks.owner import acting_for, current_owner, in_this_process, new_token
+from locks.owner import acting_for, current_owner, in_this_process, new_token, who
 from locks.pending import Pending, PendingReleases
 from locks.provider import (
     Capabilities,
@@ -105,7 +107,7 @@ class _Grant:
     owner: str
     ttl: float  # the members' lease length
     leases: dict[str, Lease]  # member name -> its lease
-    lease: Lease | None = None  # the quorum's lease, once made
+    made: weakref.ref[Lease] | None = None  # the quorum's lease, once made; see `locks.holds`
     lock: threading.Lock = field(default_factory=threading.Lock)
     failures: dict[str, LockError] = field(default_factory=dict)  # the last renewal's
     limit: float | None = None  # no validity past this (a safe-mode chain's bound)
@@ -113,6 +115,11 @@ class _Grant:
     @property
     def provider(self) -> Quorum:
         return self.quorum
+
+    @property
+    def lease(self) -> Lease | None:
+        """The quorum's lease, while its holder keeps it."""
+        return None if self.made is None else self.made()
 
     def renew(self) -> float | None:
         return self.quorum._renew(self)
@@ -437,8 +444,9 @@ class Quorum(MakesLocks):
         state = LeaseState(valid_until, request.on_lost, grant)
         sent_at = min(lease.acquired_at for lease in granted.values())
         depth = max(lease.depth for lease in granted.values())  # the members count levels
-        grant.lease = lease = Lease(key, self.name, owner, new_token(), fence, ttl, depth,
-                                    sent_at, request.auto, state)  # fmt: skip
+        lease = Lease(key, self.name, owner, new_token(), fence, ttl, depth, sent_at,
+                      request.auto, state)  # fmt: skip
+        grant.made = weakref.ref(lease, abandoned(lease))
         if request.auto:
             self._watchdog.watch(grant, sent_at + ttl / 3)
         return lease
@@ -612,7 +620,10 @@ class Quorum(MakesLocks):
     def _renew(self, grant: _Grant) -> float | None:
         """The watchdog's call: the time of the next renewal, or None to stop."""
         lease = grant.lease
-        if lease is None or lease.state.lost or lease.state.ended:
+        if lease is None:  # its holder dropped it unreleased: its members let it expire
+            self._forget(grant)
+            return None
+        if lease.state.lost or lease.state.ended:
             return None
         limit = grant.limit
         if limit is not None and time.monotonic() >= limit:
@@ -708,6 +719,37 @@ class Quorum(MakesLocks):
         if len(failed) >= self.quorum:
             raise self._unavailable(failed)
         return None
+
+    def break_lock(self, key: str, *, by: str | None = None) -> Holder | None:
+        """Free `key` on every member (see `ProviderBase.break_lock`). Enough of them
+        must answer that fewer than `quorum` can still hold the broken grant (else
+        `BackendUnavailable`: break again once they answer). The holder: who most
+        members named, with the highest fence."""
+        key = check_name(key)
+        by = by or who()
+
+        def breaks(member: LockProvider) -> Holder | None:
+            return cast("Holder | None", member.break_lock(key, by=by))  # type: ignore[attr-defined]
+
+        outcomes = self._each(list(self.members), breaks, current_owner())
+        self._raise_unexpected(outcomes)
+        failed = {n: o for n, o in outcomes.items() if isinstance(o, LockError)}
+        if len(failed) >= self.quorum:
+            raise self._unavailable(failed)
+        found = [outcome for outcome in outcomes.values() if isinstance(outcome, Holder)]
+        with self._lock:
+            held = [grant for (_, name), grants in self._held.items() if name == key
+                    for grant in grants]  # fmt: skip
+        for grant in held:  # a holder in this process hears of it now
+            self._lose(grant, f"it was broken by {by}")
+        if not found:
+            return None
+        owners = [holder.owner for holder in found]
+        owner = max(owners, key=owners.count)
+        fence = max(holder.fence or 0 for holder in found) if self.capabilities.fenced else 0
+        broken = Holder(key, self.name, owner, None, fence, None)
+        emit_broken(self.name, key, by, broken)
+        return broken
 
     def ping(self) -> None:
         """Succeed if at least `quorum` members answer."""

@@ -6,6 +6,7 @@ Tests that need a capability run only over the backends that declare it
 
 from __future__ import annotations
 
+import gc
 import itertools
 import math
 import multiprocessing
@@ -13,6 +14,7 @@ import os
 import signal
 import threading
 import time
+import warnings
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -252,6 +254,37 @@ def test_a_watchdog_lease_outlives_three_ttls(backend: Backend, key: str) -> Non
     provider.release(other)
 
 
+@pytest.mark.parametrize("backend", kinds(renewable=True), indirect=True)
+def test_a_watchdog_lease_dropped_unreleased_stops_renewing_and_says_so(
+    backend: Backend, key: str
+) -> None:
+    """Found by the newcomer's review (issue 14): a watchdog lease its holder dropped
+    was renewed for the life of the process, and its key never came free. Like an
+    unclosed file, it must be let go, with a `ResourceWarning` naming the key."""
+    provider = backend.make(watchdog_ttl=0.6)
+    released = provider.acquire(key + ":released")
+    assert released is not None
+    provider.release(released)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # a released lease is not a dropped one
+        del released
+        gc.collect()
+    outer = provider.acquire(key + ":kept")
+    assert outer is not None
+    lease = provider.acquire(key)
+    assert lease is not None
+    with pytest.warns(ResourceWarning, match=f"{key!r}.*dropped without release"):
+        del lease
+        gc.collect()
+    # nothing renews it now: another owner gets it once its ttl has run out
+    other = in_thread(lambda: provider.acquire(key, ttl=30, wait=5))
+    assert other is not None, "the dropped lease is still renewed"
+    provider.release(other)
+    assert in_thread(lambda: provider.acquire(key + ":kept", ttl=30, wait=0)) is None
+    outer.check()  # the lease its holder kept is still renewed
+    provider.release(outer)
+
+
 @pytest.mark.parametrize("backend", kinds(cross_process=True, expires=True), indirect=True)
 def test_a_killed_holder_frees_the_lock_within_its_ttl(backend: Backend, key: str) -> None:
     provider = backend.make()
@@ -274,6 +307,55 @@ def test_a_killed_holder_frees_the_lock_within_its_ttl(backend: Backend, key: st
     finally:
         child.kill()
         child.join()
+
+
+@pytest.mark.parametrize("backend", kinds(cross_process=True), indirect=True)
+def test_breaking_a_lock_frees_it_and_its_holder_hears_and_can_no_longer_win(
+    backend: Backend, key: str
+) -> None:
+    """`locks break` (issue 14): an operator frees a key held by a stuck process. The key
+    is free at once; the holder, in another process, is told (its renewal fails, or on
+    ZooKeeper its node's watch fires) and can no longer release; the next grant's fence
+    is above the broken one, so a fenced write with the old fence is refused."""
+    provider = backend.make()
+    report: Any = SPAWN.Queue()
+    child = SPAWN.Process(
+        target=workers.hold_until_broken, args=(backend.kind, backend.address, key, 0.6, report)
+    )
+    child.start()
+    try:
+        owner, fence = report.get(timeout=30)
+        assert provider.acquire(key, ttl=30, wait=0) is None
+        broken = provider.break_lock(key, by="the test")  # type: ignore[attr-defined]
+        assert broken is not None and broken.owner == owner
+        assert broken.fence == fence or not provider.capabilities.fenced
+        lease = provider.acquire(key, ttl=30, wait=0)
+        assert lease is not None, "the key is still held after it was broken"
+        storage = FencedStorage()
+        storage.write(lease.fence)
+        if provider.capabilities.fenced:
+            with pytest.raises(PermissionError):
+                storage.write(fence)  # the broken holder's late write
+        reason, released = report.get(timeout=30)
+        assert reason != "never told", "the broken holder was never told"
+        assert released == "LockNotOwned"
+        assert provider.break_lock(key + ":free") is None  # type: ignore[attr-defined]
+        provider.release(lease)
+    finally:
+        child.join(10)
+        child.kill()
+
+
+class FencedStorage:
+    """What the fence is for: storage that refuses a write older than one it took."""
+
+    def __init__(self) -> None:
+        self.highest = 0
+
+    def write(self, fence: int) -> None:
+        if fence < self.highest:
+            raise PermissionError(f"fence {fence} is older than {self.highest}")
+        self.highest = fence
 
 
 @pytest.mark.parametrize("backend", kinds(renewable=True), indirect=True)

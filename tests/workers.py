@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import threading
 import time
+from multiprocessing.queues import Queue
 from multiprocessing.synchronize import Event as EventType
 from pathlib import Path
 
-from locks import Breaker, FallbackChain
+from locks import Breaker, FallbackChain, LockNotOwned
 from locks.backends import (
     DatabaseProvider,
     LocalProvider,
@@ -46,6 +48,26 @@ def hold_until_killed(
     assert lease is not None
     held.set()
     time.sleep(120)
+
+
+def hold_until_broken(
+    kind: str, address: str | None, key: str, watchdog_ttl: float, report: Queue[object]
+) -> None:
+    """Take `key` with a watchdog lease and report (owner, fence); once told it was lost,
+    try to release it and report (the loss reason, what the release raised)."""
+    provider = make_provider(kind, address, watchdog_ttl=watchdog_ttl)
+    told = threading.Event()
+    lease = provider.acquire(key, wait=10, on_lost=lambda _: told.set())
+    assert lease is not None
+    report.put((lease.owner, lease.fence))
+    told.wait(30)
+    try:
+        provider.release(lease)
+        outcome = "released"
+    except LockNotOwned:
+        outcome = "LockNotOwned"
+    report.put((lease.state.reason if told.is_set() else "never told", outcome))
+    provider.close()
 
 
 def chain_increment(

@@ -175,6 +175,10 @@ SELECT owner, depth, fence, expires_at - {now} FROM {t}
 WHERE name = :name AND expires_at > {now}
 """
 
+# an operator breaking a stuck lock: the grant read by `_HOLDER` ends now, its row kept so
+# that the next grant's fence counts on from it (a take-over gives fence + 1 at least)
+_BREAK = "UPDATE {t} SET expires_at = {now} WHERE name = :name AND fence = :fence"
+
 # rows of holders that died: expired for longer than the grace (found, then deleted)
 _PURGE_FIND = "SELECT name FROM {t} WHERE expires_at < {now} - :grace_us LIMIT 1000"
 _PURGE = "DELETE FROM {t} WHERE name = :name AND expires_at < {now} - :grace_us"
@@ -318,6 +322,7 @@ class DatabaseProvider(ProviderBase):
         )
         self._is_held_sql = compiled(_IS_HELD)
         self._holder_sql = compiled(_HOLDER)
+        self._break_sql = compiled(_BREAK)
         self._purge_sql = compiled(_PURGE)
         self._purge_find_text = _PURGE_FIND.format(**parts)
         self._ping_sql = compiled("SELECT 1")
@@ -535,6 +540,16 @@ class DatabaseProvider(ProviderBase):
             return None
         owner, _, fence, left_us = row
         return Holder(key, self.name, owner, None, int(fence), int(left_us) / 1e6)
+
+    def _break(self, key: str) -> Holder | None:
+        """Guarded by the fence read: a grant made since is not touched (None then)."""
+        holder = self._holder(key)
+        if holder is None:
+            return None
+        if self._run(self._break_sql, {"name": key, "fence": holder.fence})[0] != 1:
+            return None
+        self._wakeups.wake(key)
+        return holder
 
     def ping(self) -> None:
         self._run(self._ping_sql, {})

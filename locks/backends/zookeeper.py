@@ -38,7 +38,7 @@ from kazoo.exceptions import (
 from kazoo.handlers.threading import KazooTimeoutError
 from kazoo.protocol.paths import _prefix_root
 from kazoo.protocol.serialization import Create2
-from kazoo.protocol.states import KazooState
+from kazoo.protocol.states import EventType, KazooState
 from kazoo.retry import KazooRetry
 from kazoo.security import OPEN_ACL_UNSAFE
 
@@ -309,7 +309,33 @@ class ZooKeeperProvider(ProviderBase):
             return None
         self._nodes[token] = node
         self._born_in[token] = session
+        self._watch_own(node, token)
         return Grant(token, fence, 1, sent_at)
+
+    def _watch_own(self, node: str, token: str) -> None:
+        """Hear at once of our node deleted by someone else (an operator breaking the
+        lock): there is no renewal that would find out. Sent without waiting for the
+        reply: ZooKeeper answers a session in order, so the watch is set before any
+        later request of ours, and a node already gone is seen in the reply."""
+
+        def gone(event: Any = None) -> None:  # on kazoo's event thread: hand off
+            if token in self._nodes and (event is None or event.type == EventType.DELETED):
+                threading.Thread(target=self._broken, args=(token,), daemon=True).start()
+
+        def answered(result: Any) -> None:
+            if result.successful() and result.value is None:
+                gone()
+
+        self.client.exists_async(node, watch=gone).rawlink(answered)
+
+    def _broken(self, token: str) -> None:
+        """Our node went while we held it, and not by our own release."""
+        if self._nodes.pop(token, None) is None:
+            return  # released meanwhile
+        self._born_in.pop(token, None)
+        for hold in self._holds():
+            if hold.anchor.token == token:
+                self._lose(hold, "its node was deleted: someone broke the lock")
 
     def _create_node(
         self, parent: str, key: str, owner: str, token: str
@@ -497,6 +523,11 @@ class ZooKeeperProvider(ProviderBase):
             return self._get(self.client.exists_async(node)) is not None
 
     def _holder(self, key: str) -> Holder | None:
+        head = self._head(key)
+        return None if head is None else head[1]
+
+    def _head(self, key: str) -> tuple[str, Holder] | None:
+        """The node that holds `key` and who it is, or None: nobody."""
         self._connect()
         parent = self._parent(key)
         for _ in range(3):  # the head may be deleted between the list and the read
@@ -507,13 +538,29 @@ class ZooKeeperProvider(ProviderBase):
                     return None
                 if not queue:
                     return None
+                node = f"{parent}/{queue[0]}"
                 try:
-                    data, stat = self._get(self.client.get_async(f"{parent}/{queue[0]}"))
+                    data, stat = self._get(self.client.get_async(node))
                 except NoNodeError:
                     continue
             owner = data.decode(errors="replace")
-            return Holder(key, self.name, owner, None, int(stat.czxid), None, len(queue) - 1)
+            holder = Holder(key, self.name, owner, None, int(stat.czxid), None, len(queue) - 1)
+            return node, holder
         return None
+
+    def _break(self, key: str) -> Holder | None:
+        """Delete the holder's node. The next holder's node is created after, so its
+        fence (czxid) is higher."""
+        head = self._head(key)
+        if head is None:
+            return None
+        node, holder = head
+        with self._translated():
+            try:
+                self._get(self.client.delete_async(node))
+            except NoNodeError:
+                return None  # released meanwhile
+        return holder
 
     def ping(self) -> None:
         self._connect()

@@ -452,6 +452,28 @@ class FallbackChain(MakesLocks):
                     return found
         return None
 
+    def break_lock(self, key: str, *, by: str | None = None) -> Holder | None:
+        """Free `key` on every tier that can break a lock from another process (see
+        `ProviderBase.break_lock`), whatever the switch allows: a grant on any of them
+        may be the stuck one. The holder found first in chain order. A tier that could
+        not be asked makes it raise, once every other tier was broken: break again."""
+        key = check_name(key)
+        found: list[Holder] = []
+        errors: list[LockError] = []
+        for provider in self.tiers.values():
+            breaks = getattr(provider, "break_lock", None)
+            if breaks is None or not provider.capabilities.cross_process:
+                continue
+            try:
+                broken: Holder | None = breaks(key, by=by)
+            except LockError as error:
+                errors.append(error)
+                continue
+            found += [broken] if broken is not None else []
+        if errors:
+            raise errors[0]
+        return found[0] if found else None
+
     def ping(self) -> None:
         """Succeed if any tier the switch allows answers."""
         tiers = self._allowed()

@@ -120,6 +120,7 @@ class _RedisProviderBase(ProviderBase):
         self._release_script = Script(self.release_lua)
         self._extend_script = Script(self.extend_lua)
         self._holder_script = Script(scripts.READ_HOLDER)
+        self._break_script = Script(scripts.BREAK)
         self._raise_fence_script = Script(scripts.RAISE_FENCE)
 
     @property
@@ -337,7 +338,21 @@ class _RedisProviderBase(ProviderBase):
     def _holder(self, key: str) -> Holder | None:
         """Either type's holder: a lock of the other type excludes this one too."""
         keys = self._keys(key)
-        reply = self._script(self._holder_script, [keys.lock, keys.fence], [])
+        return self._read_holder(
+            key, self._script(self._holder_script, [keys.lock, keys.fence], [])
+        )
+
+    def _break(self, key: str) -> Holder | None:
+        """With `sync_replicas`, a break the replicas did not acknowledge is an outage: a
+        promoted replica would still hold the broken grant."""
+        keys = self._keys(key)
+        with self._translated():
+            reply, acks = self._call(self._break_script, [keys.lock, keys.fence], [keys.channel])
+            self._require_replicas(acks, "break")
+        return self._read_holder(key, reply)
+
+    def _read_holder(self, key: str, reply: Any) -> Holder | None:
+        """The holder in a READ_HOLDER (or BREAK) reply."""
         if len(reply) < 4:
             return None
         kind, pttl, fence, value = str(_text(reply[0])), reply[1], reply[2], reply[3]

@@ -144,14 +144,28 @@ return 1
 
 # Who holds a lock of either type, in one snapshot (for operators).
 # KEYS: lock, fence.  Returns {type, pttl, fence or false, value or fields}, or {type}.
-READ_HOLDER = """
+_READ_HOLDER = """
 local kind = redis.call('TYPE', KEYS[1]).ok
 if kind ~= 'string' and kind ~= 'hash' then return {kind} end
 local value
 if kind == 'string' then value = redis.call('GET', KEYS[1])
 else value = redis.call('HGETALL', KEYS[1]) end
-return {kind, redis.call('PTTL', KEYS[1]), redis.call('GET', KEYS[2]), value}
+local holder = {kind, redis.call('PTTL', KEYS[1]), redis.call('GET', KEYS[2]), value}
 """
+READ_HOLDER = _READ_HOLDER + "return holder\n"
+
+# An operator breaking a stuck lock: the holder (as READ_HOLDER), whose grant is deleted
+# and its waiters woken. The fence counter stays, so the next grant's fence is higher:
+# the broken holder's renewal, release and fenced writes all fail from now on.
+# KEYS: lock, fence.  ARGV: channel.
+BREAK = (
+    _READ_HOLDER
+    + """
+redis.call('DEL', KEYS[1])
+redis.call('PUBLISH', ARGV[1], '1')
+return holder
+"""
+)
 
 
 class Script:
