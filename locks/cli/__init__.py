@@ -23,7 +23,7 @@ from locks.errors import BackendUnavailable, ConfigError, LockError
 OK, PROBLEM, USAGE, UNAVAILABLE = 0, 1, 2, 3
 
 # each module has `register(commands)`, which adds its subparser and sets `run`
-COMMANDS = ("demo", "status", "switch", "inspect", "db", "check", "bench")
+COMMANDS = ("demo", "status", "switch", "inspect", "breaking", "db", "check", "bench")
 
 
 def parser() -> argparse.ArgumentParser:
