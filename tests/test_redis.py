@@ -423,12 +423,15 @@ def test_a_split_try_grants_refuses_a_rival_and_survives_a_script_flush(
 ) -> None:
     mine, other = cls(redis_server.url), cls(redis_server.url)
     try:
+        assert mine.start_acquire(key, ttl=5) is None  # no answer yet: it may have to connect
+        mine.ping()
         mine.client.script_flush()  # the first send meets NOSCRIPT, and is sent again
         read = mine.start_acquire(key, ttl=5)
         assert read is not None
         lease = read()
         assert lease is not None and lease.fence > 0 and mine.is_held(lease)
         assert lease.valid_until is not None and lease.valid_until <= time.monotonic() + 5
+        other.ping()
         rival = in_thread(lambda: other.start_acquire(key, ttl=5))
         assert rival is not None and in_thread(rival) is None
         if cls.capabilities.reentrant:  # a nested level needs no round trip at all

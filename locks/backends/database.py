@@ -580,7 +580,8 @@ def _make_engine(
     elif backend == "postgresql":
         connect_args.setdefault("connect_timeout", max(1, round(connect_timeout)))
     elif backend == "sqlite":
-        connect_args.setdefault("timeout", 10.0)  # wait for the file lock this long
+        # the file lock is the server here: waited for no longer than a reply elsewhere
+        connect_args.setdefault("timeout", socket_timeout)
     try:
         return sa.create_engine(
             parsed, isolation_level="AUTOCOMMIT", poolclass=NullPool, connect_args=connect_args

@@ -8,6 +8,7 @@ only once replicas have it."""
 from __future__ import annotations
 
 import functools
+import math
 import time
 from abc import abstractmethod
 from collections.abc import Callable, Hashable, Iterator, Sequence
@@ -122,6 +123,7 @@ class _RedisProviderBase(ProviderBase):
         self._holder_script = Script(scripts.READ_HOLDER)
         self._break_script = Script(scripts.BREAK)
         self._raise_fence_script = Script(scripts.RAISE_FENCE)
+        self._answering = False  # the last acquire had an answer: see `splits`
 
     @property
     def client(self) -> Client:
@@ -185,6 +187,7 @@ class _RedisProviderBase(ProviderBase):
             reply, acks = self._call(self._acquire_script, [keys.lock, keys.fence], args)
         except (*self.driver_errors, *self.unavailable_errors) as exc:
             raise self._error(exc, ambiguous=_maybe_sent(exc), key=keys.name, token=token) from exc
+        self._answering = True
         # the reply shapes are described in locks.backends.redis.scripts
         if isinstance(reply, int):
             if reply > 0:
@@ -230,9 +233,11 @@ class _RedisProviderBase(ProviderBase):
 
     def splits(self) -> bool:
         """On one server or behind Sentinel, without `sync_replicas` (a WAIT must follow
-        on the same connection); not on a cluster, whose client picks the node. Known
-        from the configuration: no client is built to tell."""
-        return self._sync is None and self.topology.kind != "cluster"
+        on the same connection); not on a cluster, whose client picks the node. And only
+        once the server answered the last call: the send may have to connect, which a
+        frozen server makes take a socket timeout, and a quorum sends to one member
+        after another. Known without I/O."""
+        return self._sync is None and self.topology.kind != "cluster" and self._answering
 
     def _send(
         self, script: Script, keys: list[str], args: list[Any], key: str, token: str | None = None
@@ -249,22 +254,35 @@ class _RedisProviderBase(ProviderBase):
         try:
             connection = pool.get_connection()
         except (*self.driver_errors, *self.unavailable_errors) as exc:
+            self._answering = False
             raise self._error(exc, key=key) from exc
         try:
             connection.send_command("EVALSHA", script.sha, *call)  # type: ignore[no-untyped-call]
         except (*self.driver_errors, *self.unavailable_errors) as exc:
+            self._answering = False
             pool.release(connection)
             maybe = token is not None and _maybe_sent(exc)
             raise self._error(exc, ambiguous=maybe, key=key, token=token) from exc
 
+        # the reply is due a socket timeout after the send, not after the read begins: a
+        # quorum reads its members one after another, and k frozen members must cost
+        # one timeout, not k
+        timeout: float | None = connection.socket_timeout
+        due = math.inf if timeout is None else time.monotonic() + timeout
+        late = math.inf if timeout is None else 0.9 * timeout  # less left than this: look
+
         def read() -> Any:
             try:
                 try:
+                    left = due - time.monotonic()
+                    if left < late and not connection.can_read(max(left, 0.0)):
+                        raise errors.TimeoutError("Timeout reading from socket")
                     return connection.read_response()
                 except errors.NoScriptError:
                     connection.send_command("EVAL", script.source, *call)  # type: ignore[no-untyped-call]
                     return connection.read_response()
             except (*self.driver_errors, *self.unavailable_errors) as exc:
+                self._answering = False
                 # a reply may still be on its way: never reuse the connection
                 connection.disconnect()  # type: ignore[no-untyped-call]
                 maybe = token is not None
@@ -372,6 +390,7 @@ class _RedisProviderBase(ProviderBase):
     def ping(self) -> None:
         with self._translated():
             self.topology.client().ping()
+        self._answering = True
 
     def close(self) -> None:
         super().close()
