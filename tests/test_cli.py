@@ -92,7 +92,7 @@ def test_check_reports_a_config(
     config.write_text('[scenarios]\nx = { chain = ["nope"] }\n')
     assert main(["check", str(config)]) == 1
     assert "scenarios.x.chain[0]" in capsys.readouterr().err
-    config.write_text('[backends]\ndb = { type = "database", url = "mysql://u:hunter2@/x:y" }\n')
+    config.write_text('[backends]\ndb = { type = "database", url = "mysql+mysqldb://u:hunter2@/x" }\n')
     command = [sys.executable, "-m", "locks", "check", str(config)]
     done = subprocess.run(command, capture_output=True, text=True, check=False)
     assert done.returncode == 1, done.stderr
@@ -303,8 +303,8 @@ def test_the_entry_point_has_a_version_and_takes_options_where_users_put_them(
     ("backend", "says"),
     [
         ('{ type = "database", url = "nosuch://x/y" }', "backends.db.url: url 'nosuch://x/y'"),
-        ('{ type = "database", url = "postgresql+psycopg://u:secret@127.0.0.1/db" }',
-         "needs the 'psycopg' driver, which is not installed: pip install 'psycopg[binary]'"),
+        ('{ type = "database", url = "postgresql+pg8000://u:secret@127.0.0.1/db" }',
+         "needs the pg8000 driver, whose module 'pg8000' is not installed: pip install pg8000"),
         ('{ type = "redis", max_connections = true }',
          "backends.db.max_connections: max_connections must be a whole number"),
         ('{ type = "database", pool_size = 0 }', "backends.db.pool_size: pool_size must be"),

@@ -47,7 +47,6 @@ from __future__ import annotations
 
 import logging
 import random
-import re
 import threading
 import time
 from collections.abc import Hashable, Mapping
@@ -60,7 +59,9 @@ from sqlalchemy.engine import Engine
 from sqlalchemy.pool import NullPool
 from sqlalchemy.schema import CreateTable
 
+from locks.backends import dialects
 from locks.backends.dbpool import ConnectionPool, Refused
+from locks.backends.deadlines import Deadlines
 from locks.backends.wakeups import Wakeups
 from locks.base import Grant, ProviderBase
 from locks.errors import AccessDenied, BackendError, BackendUnavailable
@@ -69,28 +70,6 @@ from locks.provider import Capabilities, Holder, Lease
 
 logger = logging.getLogger("locks")
 
-# errors meaning "the database cannot serve us now"
-_UNAVAILABLE = (exc.OperationalError, exc.InterfaceError, exc.DisconnectionError, exc.TimeoutError)
-# MySQL/MariaDB and PostgreSQL refusing credentials or a privilege: a configuration
-# error, never an outage (1044/1045 access to a database or as a user, 1142/1143 to a
-# table or column, 1227/1370 a privilege; PostgreSQL 28000/28P01 authentication,
-# 42501 insufficient privilege)
-_MYSQL_DENIED = {1044, 1045, 1142, 1143, 1227, 1370, 1698}
-_PG_DENIED = {"28000", "28P01", "42501"}
-# A server that refuses to write because it is read-only: an outage of this tier (a
-# replica, a standby, a primary being demoted), never a data error. MySQL/MariaDB 1290
-# ER_OPTION_PREVENTS_STATEMENT ("running with the --read-only option"; other options
-# share the code, so the message decides), 1836 ER_READ_ONLY_MODE, 1792 a READ ONLY
-# transaction; PostgreSQL 25006 read_only_sql_transaction (a hot standby, or
-# default_transaction_read_only); SQLite 8 SQLITE_READONLY (a file we may not write).
-_MYSQL_READ_ONLY = {1792, 1836}
-_PG_READ_ONLY = "25006"
-_SQLITE_READONLY = 8
-_READ_ONLY_HINT = {
-    "mysql": "read_only: a replica, or a demoted primary",
-    "postgresql": "read_only: a hot standby, or default_transaction_read_only",
-    "sqlite": "read_only: a file it may not write",
-}
 _PURGE_EVERY = 1000  # releases between purges of rows left by dead holders
 _DEADLOCK_RETRIES = 10  # a statement chosen as a deadlock victim is run again this often
 _IDLE_PING = 5.0  # a pooled connection idle, or unchecked, for longer is pinged before use
@@ -208,7 +187,8 @@ class _Statement:
         try:
             cursor.execute(self.sql, params if self.named else [params[n] for n in self.positions])
             row = cursor.fetchone() if cursor.description else None
-            return cursor.rowcount, cursor.lastrowid or 0, row
+            # only MySQL's fence comes back as LAST_INSERT_ID; psycopg 3 has no lastrowid
+            return cursor.rowcount, getattr(cursor, "lastrowid", None) or 0, row
         finally:
             cursor.close()
 
@@ -263,8 +243,6 @@ class DatabaseProvider(ProviderBase):
         self._owns_engine = not engine_given
         self.socket_timeout = check_seconds(socket_timeout, "socket_timeout")
         if engine is None:
-            if not isinstance(url, str):
-                raise TypeError(f"url must be a str, not {type(url).__name__}")
             engine = _make_engine(
                 url,
                 check_seconds(connect_timeout, "connect_timeout"),
@@ -274,8 +252,8 @@ class DatabaseProvider(ProviderBase):
         elif not isinstance(engine, Engine):
             raise TypeError(f"engine must be a sqlalchemy Engine, not {type(engine).__name__}")
         self.engine = engine
-        dialect = engine.dialect.name
-        if dialect not in _CLOCK_US:
+        dialect = dialects.family(engine.dialect.name)
+        if dialect not in dialects.FAMILIES:
             raise ValueError(
                 f"unsupported database {dialect!r}: use MySQL/MariaDB, PostgreSQL or SQLite"
             )
@@ -290,18 +268,29 @@ class DatabaseProvider(ProviderBase):
         # SQLite's clock counts milliseconds: a deleted row's successor could repeat its
         # fence, so released rows are kept there and the next grant counts on
         self._keeps_rows = dialect == "sqlite"
+        # libpq has no read timeout: PostgreSQL's statements get one of ours
+        self._deadlines = (
+            Deadlines(self.socket_timeout, f"locks-deadlines-{self.name}")
+            if dialect == "postgresql"
+            else None
+        )
         self._connections = ConnectionPool(
             engine,
             check_count(pool_size, "pool_size"),
             check_seconds(pool_timeout, "pool_timeout"),
             _IDLE_PING,
-            _check_writable if self._mysql else None,
+            check=_check_writable if self._mysql else None,
+            deadlines=self._deadlines,
         )
         # the hot statements run on raw DBAPI connections, so the driver's own errors
         # count too, besides SQLAlchemy's (pool timeouts, wrapped connect errors)
         self._dbapi_error: type[Any] = engine.dialect.loaded_dbapi.Error
         dbapi = engine.dialect.loaded_dbapi
-        self.unavailable_errors = (*_UNAVAILABLE, dbapi.OperationalError, dbapi.InterfaceError)
+        self.unavailable_errors = (
+            *dialects.UNAVAILABLE,
+            dbapi.OperationalError,
+            dbapi.InterfaceError,
+        )
         # what taking a connection may raise: those, or the pool's check refusing the server
         self._take_errors: tuple[type[BaseException], ...] = (*self.unavailable_errors, Refused)
         self.driver_errors = (exc.SQLAlchemyError, dbapi.Error)
@@ -379,11 +368,9 @@ class DatabaseProvider(ProviderBase):
         return ("database", self.engine.url.render_as_string(hide_password=True), self.table_name)
 
     def _classify(self, error: BaseException) -> type[BackendUnavailable] | type[BackendError]:
-        cause = getattr(error, "orig", None) or error
-        code = cause.args[0] if cause.args else None
-        if code in _MYSQL_DENIED or _sqlstate(cause) in _PG_DENIED:
+        if dialects.denied(error):
             return AccessDenied
-        if _read_only(error):
+        if dialects.read_only(error):
             return BackendUnavailable
         return super()._classify(error)
 
@@ -395,11 +382,11 @@ class DatabaseProvider(ProviderBase):
         key: str | None = None,
         token: str | None = None,
     ) -> BackendUnavailable:
-        if not _read_only(error):
+        if not dialects.read_only(error):
             return super()._unavailable(error, ambiguous=ambiguous, key=key, token=token)
         # refused before it ran: never ambiguous, nothing to release later
         return BackendUnavailable(
-            f"{self._where()} is read-only ({_READ_ONLY_HINT[self._dialect]}); it grants, "
+            f"{self._where()} is read-only ({dialects.READ_ONLY_HINT[self._dialect]}); it grants, "
             f"renews and releases nothing: {self._detail(error)}",
             backend=self.name, address=self.address, key=key,
         )  # fmt: skip
@@ -416,12 +403,13 @@ class DatabaseProvider(ProviderBase):
         """Run one statement on a DBAPI connection, without SQLAlchemy's execution layer
         (it cost more than the round trip); returns rowcount, lastrowid, first row.
         Driver errors are translated here; a broken connection is closed."""
-        pool = self._connections
+        pool, deadlines = self._connections, self._deadlines
         for attempt in range(_DEADLOCK_RETRIES):
             try:
                 connection = pool.take()
             except self._take_errors as error:  # nothing was sent
                 raise self._unavailable(error, key=key) from error
+            ticket = None if deadlines is None else deadlines.start(connection)
             try:
                 outcome = statement.run(connection, params)
             except self._dbapi_error as error:
@@ -430,9 +418,9 @@ class DatabaseProvider(ProviderBase):
                     pool.discard_idle()
                 else:
                     pool.give(connection)
-                if _deadlock_victim(error) and attempt + 1 < _DEADLOCK_RETRIES:
+                if dialects.deadlock_victim(error) and attempt + 1 < _DEADLOCK_RETRIES:
                     continue  # rolled back whole, so nothing happened: run it again
-                if isinstance(error, self.unavailable_errors) or _read_only(error):
+                if isinstance(error, self.unavailable_errors) or dialects.read_only(error):
                     raise self._unavailable(
                         error, ambiguous=ambiguous, key=key, token=token
                     ) from error
@@ -440,6 +428,9 @@ class DatabaseProvider(ProviderBase):
             except BaseException:  # interrupted mid-reply: the protocol state is unknown
                 pool.discard(connection)
                 raise
+            finally:
+                if deadlines is not None and ticket is not None:
+                    deadlines.stop(ticket)
             pool.give(connection)
             return outcome
         raise AssertionError("unreachable: the last attempt returns or raises")
@@ -567,51 +558,14 @@ def _make_engine(
     """An engine whose connections run in autocommit mode: one statement, one round trip.
     It pools nothing itself (`ConnectionPool` does); it makes connections, and serves
     the rare setup statements."""
-    try:
-        parsed = sa.engine.make_url(url)
-    except exc.ArgumentError as error:
-        raise ValueError(f"url {_redacted(url)!r} is not a database URL: {error}") from None
-    backend = parsed.get_backend_name()
-    if backend in ("mysql", "mariadb"):
-        connect_args.setdefault("connect_timeout", max(1, round(connect_timeout)))
-        # a hung server holds a statement (and the handshake) this long, no longer
-        connect_args.setdefault("read_timeout", socket_timeout)
-        connect_args.setdefault("write_timeout", socket_timeout)
-    elif backend == "postgresql":
-        connect_args.setdefault("connect_timeout", max(1, round(connect_timeout)))
-    elif backend == "sqlite":
-        # the file lock is the server here: waited for no longer than a reply elsewhere
-        connect_args.setdefault("timeout", socket_timeout)
+    parsed = dialects.database_url(url)
+    args = dialects.connect_args(parsed, connect_timeout, socket_timeout, connect_args)
     try:
         return sa.create_engine(
-            parsed, isolation_level="AUTOCOMMIT", poolclass=NullPool, connect_args=connect_args
+            parsed, isolation_level="AUTOCOMMIT", poolclass=NullPool, connect_args=args
         )
-    except ImportError as error:  # the URL names a driver that is not installed
-        missing = error.name or "the driver"
-        raise ValueError(
-            f"url {_redacted(url)!r} needs the {missing!r} driver, which is not installed: "
-            f"pip install {_DRIVER_PACKAGES.get(missing, missing)}"
-        ) from None
     except (exc.ArgumentError, exc.NoSuchModuleError) as error:
-        raise ValueError(f"url {_redacted(url)!r}: {error}") from None
-
-
-# the package that provides a driver module, where its name differs or an extra has it
-_DRIVER_PACKAGES = {"pymysql": "'fallback-locks[mysql]'", "MySQLdb": "mysqlclient",
-                    "psycopg2": "psycopg2-binary", "psycopg": "'psycopg[binary]'"}  # fmt: skip
-
-
-def _redacted(url: str) -> str:
-    """`url` with any password replaced, for error messages."""
-    return re.sub(r"(://[^:/@]*:)[^@/]*@", r"\1***@", url)
-
-
-def _deadlock_victim(error: BaseException) -> bool:
-    """InnoDB picks a victim when waiters that all saw a just-deleted row race to insert
-    it (MySQL 1213); PostgreSQL reports SQLSTATE 40P01. Either way the statement was
-    rolled back whole."""
-    code = error.args[0] if error.args else None
-    return code == 1213 or _sqlstate(error) == "40P01"
+        raise ValueError(f"url {dialects.redacted(url)!r}: {error}") from None
 
 
 def _check_writable(connection: Any) -> None:
@@ -625,26 +579,6 @@ def _check_writable(connection: Any) -> None:
         cursor.close()
     if row is not None and int(row[0]):
         raise Refused("@@global.read_only = 1")
-
-
-def _sqlstate(error: BaseException) -> str | None:
-    """PostgreSQL's SQLSTATE: `sqlstate` on psycopg 3, `pgcode` on psycopg2."""
-    state = getattr(error, "sqlstate", None) or getattr(error, "pgcode", None)
-    return state if isinstance(state, str) else None
-
-
-def _read_only(error: BaseException) -> bool:
-    """Whether `error` (or the driver's error it wraps) is a read-only server's refusal."""
-    cause = getattr(error, "orig", None) or error
-    if isinstance(cause, Refused):
-        return True
-    code = cause.args[0] if cause.args else None
-    if code in _MYSQL_READ_ONLY or _sqlstate(cause) == _PG_READ_ONLY:
-        return True
-    if code == 1290:
-        return "read-only" in str(cause) or "read_only" in str(cause)
-    sqlite_code = getattr(cause, "sqlite_errorcode", None)  # extended codes keep it below
-    return isinstance(sqlite_code, int) and sqlite_code & 0xFF == _SQLITE_READONLY
 
 
 def _in_memory(url: sa.engine.URL) -> bool:

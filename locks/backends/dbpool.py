@@ -38,6 +38,7 @@ from typing import Any
 from sqlalchemy import exc
 from sqlalchemy.engine import Engine
 
+from locks.backends.deadlines import Deadlines
 from locks.forking import start_afresh_when_forked
 
 _inherited: list[Any] = []  # in a forked child: the parent's connections, never used
@@ -67,7 +68,9 @@ class ConnectionPool:
         size: int,
         timeout: float,
         ping_after: float,
+        *,
         check: Callable[[Any], None] | None = None,
+        deadlines: Deadlines | None = None,
     ) -> None:
         """Keeps up to `size` idle connections and opens as many again under load; a
         taker waits `timeout` seconds for one; a connection idle for `ping_after`
@@ -81,6 +84,7 @@ class ConnectionPool:
         self._timeout = timeout
         self._ping_after = ping_after
         self._check = check
+        self._deadlines = deadlines  # a read timeout for drivers without one (pings too)
         self._closed = False
         self._reset()
         start_afresh_when_forked(self)
@@ -258,6 +262,8 @@ class ConnectionPool:
     def _alive(self, connection: Any) -> bool:
         """One round trip: the check if there is one (its `Refused` propagates), else a
         ping; False if the connection is dead."""
+        deadlines = self._deadlines
+        ticket = None if deadlines is None else deadlines.start(connection)
         try:
             if self._check is not None:
                 self._check(connection)
@@ -273,6 +279,9 @@ class ConnectionPool:
             raise
         except Exception:
             return False
+        finally:
+            if deadlines is not None and ticket is not None:
+                deadlines.stop(ticket)
         return True
 
 

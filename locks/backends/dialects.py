@@ -1,0 +1,174 @@
+"""What differs between the databases and their drivers, in one place: the URLs people
+write and the driver each picks, what each driver needs to keep a call within its
+socket timeout, and which errors mean "refused", "read-only" or "run it again".
+
+The statements themselves are the algorithm and live with it (`locks.backends.database`);
+they differ by family only: `mysql` (MySQL and MariaDB), `postgresql`, `sqlite`.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import re
+from typing import Any
+
+import sqlalchemy as sa
+from sqlalchemy import exc
+
+from locks.backends.dbpool import Refused
+from locks.errors import ConfigError
+
+# The driver a URL without `+driver` gets: the one its extra installs (SQLAlchemy's own
+# defaults, mysqlclient and psycopg2, are not what `pip install fallback-locks[...]` brings).
+# `postgres://` is what many hosting providers hand out; SQLAlchemy refuses that name.
+_SCHEMES = {
+    "mysql": "mysql+pymysql",
+    "mariadb": "mariadb+pymysql",
+    "postgresql": "postgresql+psycopg",
+    "postgres": "postgresql+psycopg",
+    "sqlite": "sqlite+pysqlite",
+}
+_ALIASES = {"postgres": "postgresql"}  # with an explicit driver: postgres+psycopg2://
+
+# driver (as in the URL) -> (the module it imports, what installs it)
+_DRIVERS = {
+    "pymysql": ("pymysql", "pip install 'fallback-locks[mysql]'"),
+    "psycopg": ("psycopg", "pip install 'fallback-locks[postgresql]'"),
+    "psycopg2": ("psycopg2", "pip install psycopg2-binary"),
+    "mysqldb": ("MySQLdb", "pip install mysqlclient"),
+    "mysqlconnector": ("mysql.connector", "pip install mysql-connector-python"),
+    "mariadbconnector": ("mariadb", "pip install mariadb"),
+    "asyncmy": ("asyncmy", "pip install asyncmy"),
+    "aiomysql": ("aiomysql", "pip install aiomysql"),
+    "pg8000": ("pg8000", "pip install pg8000"),
+    "asyncpg": ("asyncpg", "pip install asyncpg"),
+    "pysqlite": ("sqlite3", "a Python built with sqlite3"),
+    "aiosqlite": ("aiosqlite", "pip install aiosqlite"),
+}
+
+FAMILIES = ("mysql", "postgresql", "sqlite")
+
+# errors meaning "the database cannot serve us now"
+UNAVAILABLE = (exc.OperationalError, exc.InterfaceError, exc.DisconnectionError, exc.TimeoutError)
+# MySQL/MariaDB and PostgreSQL refusing credentials or a privilege: a configuration
+# error, never an outage (1044/1045 access to a database or as a user, 1142/1143 to a
+# table or column, 1227/1370 a privilege, 1698 a socket-auth user; PostgreSQL 28000/28P01
+# authentication, 42501 insufficient privilege)
+_MYSQL_DENIED = {1044, 1045, 1142, 1143, 1227, 1370, 1698}
+_PG_DENIED = {"28000", "28P01", "42501"}
+# A server that refuses to write because it is read-only: an outage of this tier (a
+# replica, a standby, a primary being demoted), never a data error. MySQL/MariaDB 1290
+# ER_OPTION_PREVENTS_STATEMENT ("running with the --read-only option"; other options
+# share the code, so the message decides), 1836 ER_READ_ONLY_MODE, 1792 a READ ONLY
+# transaction; PostgreSQL 25006 read_only_sql_transaction (a hot standby, or
+# default_transaction_read_only); SQLite 8 SQLITE_READONLY (a file we may not write).
+_MYSQL_READ_ONLY = {1792, 1836}
+_PG_READ_ONLY = "25006"
+_SQLITE_READONLY = 8
+READ_ONLY_HINT = {
+    "mysql": "read_only: a replica, or a demoted primary",
+    "postgresql": "read_only: a hot standby, or default_transaction_read_only",
+    "sqlite": "read_only: a file it may not write",
+}
+
+
+def family(dialect_name: str) -> str:
+    """The statements' family of a SQLAlchemy dialect (`mariadb` is MySQL's)."""
+    return "mysql" if dialect_name == "mariadb" else dialect_name
+
+
+def database_url(url: str) -> sa.engine.URL:
+    """`url` parsed, its driver chosen (the one its extra installs, unless it names
+    one) and installed: a `ValueError` for what is not a database URL, a `ConfigError`
+    naming the package for a driver that is missing. Never shows the password."""
+    if not isinstance(url, str):
+        raise TypeError(f"url must be a str, not {type(url).__name__}")
+    scheme, separator, rest = url.partition("://")
+    if not separator:
+        raise ValueError(f"url {redacted(url)!r} is not a database URL: no '://'")
+    backend, plus, driver = scheme.partition("+")
+    backend = _ALIASES.get(backend, backend)
+    scheme = f"{backend}+{driver}" if plus else _SCHEMES.get(backend, backend)
+    try:
+        parsed = sa.engine.make_url(f"{scheme}://{rest}")
+    except exc.ArgumentError as error:
+        raise ValueError(f"url {redacted(url)!r} is not a database URL: {error}") from None
+    name = parsed.get_backend_name()
+    if family(name) not in FAMILIES:
+        raise ValueError(
+            f"url {redacted(url)!r}: unsupported database {name!r}: "
+            "use MySQL/MariaDB, PostgreSQL or SQLite"
+        )
+    module, install = _DRIVERS.get(parsed.get_driver_name(), (parsed.get_driver_name(), ""))
+    if importlib.util.find_spec(module.split(".")[0]) is None:
+        raise ConfigError(
+            f"url {redacted(url)!r} needs the {parsed.get_driver_name()} driver, whose "
+            f"module {module!r} is not installed: {install or f'pip install {module}'}"
+        )
+    return parsed
+
+
+def connect_args(
+    url: sa.engine.URL, connect_timeout: float, socket_timeout: float, given: dict[str, Any]
+) -> dict[str, Any]:
+    """What each driver needs so that no call outlives its timeouts (`given` wins)."""
+    args = dict(given)
+    name, driver = family(url.get_backend_name()), url.get_driver_name()
+    if name == "mysql":
+        args.setdefault("connect_timeout", max(1, round(connect_timeout)))
+        # a hung server holds a statement (and the handshake) this long, no longer
+        args.setdefault("read_timeout", socket_timeout)
+        args.setdefault("write_timeout", socket_timeout)
+    elif name == "postgresql" and driver in ("psycopg", "psycopg2"):
+        args.setdefault("connect_timeout", max(1, round(connect_timeout)))
+    elif name == "sqlite":
+        # the file lock is the server here: waited for no longer than a reply elsewhere
+        args.setdefault("timeout", socket_timeout)
+    return args
+
+
+def redacted(url: str) -> str:
+    """`url` with any password replaced, for error messages."""
+    return re.sub(r"(://[^:/@]*:)[^@/]*@", r"\1***@", url)
+
+
+def sqlstate(error: BaseException) -> str | None:
+    """PostgreSQL's SQLSTATE: `sqlstate` on psycopg 3, `pgcode` on psycopg2."""
+    state = getattr(error, "sqlstate", None) or getattr(error, "pgcode", None)
+    return state if isinstance(state, str) else None
+
+
+def _driver_error(error: BaseException) -> BaseException:
+    """The driver's own error (SQLAlchemy wraps it in `orig`)."""
+    return getattr(error, "orig", None) or error
+
+
+def _mysql_code(error: BaseException) -> object:
+    return error.args[0] if error.args else None
+
+
+def denied(error: BaseException) -> bool:
+    """Credentials or a privilege refused: a configuration error, never an outage."""
+    cause = _driver_error(error)
+    return _mysql_code(cause) in _MYSQL_DENIED or sqlstate(cause) in _PG_DENIED
+
+
+def read_only(error: BaseException) -> bool:
+    """Whether `error` (or the driver's error it wraps) is a read-only server's refusal."""
+    cause = _driver_error(error)
+    if isinstance(cause, Refused):
+        return True
+    code = _mysql_code(cause)
+    if code in _MYSQL_READ_ONLY or sqlstate(cause) == _PG_READ_ONLY:
+        return True
+    if code == 1290:
+        return "read-only" in str(cause) or "read_only" in str(cause)
+    sqlite_code = getattr(cause, "sqlite_errorcode", None)  # extended codes keep it below
+    return isinstance(sqlite_code, int) and sqlite_code & 0xFF == _SQLITE_READONLY
+
+
+def deadlock_victim(error: BaseException) -> bool:
+    """InnoDB picks a victim when waiters that all saw a just-deleted row race to insert
+    it (MySQL 1213); PostgreSQL reports 40P01, or 40001 for a serialization failure.
+    Either way the statement was rolled back whole: it may run again."""
+    return _mysql_code(error) == 1213 or sqlstate(error) in ("40P01", "40001")
