@@ -5,12 +5,15 @@ answers anything; a release that fails again stays queued."""
 
 from __future__ import annotations
 
+import logging
 import threading
 from dataclasses import dataclass
 
 from locks.errors import BackendUnavailable, LockNotOwned
 from locks.forking import start_afresh_when_forked
 from locks.provider import Lease, LockProvider
+
+logger = logging.getLogger("locks")
 
 
 @dataclass(frozen=True)
@@ -68,3 +71,5 @@ class PendingReleases:
                 with self._lock:
                     self._queues[provider.name][:0] = batch[index:]
                 return
+            except Exception:  # a provider closed meanwhile, or a bug: said, never raised
+                logger.exception("a queued release on %r failed", provider.name)

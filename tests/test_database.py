@@ -499,3 +499,48 @@ def test_a_hung_database_costs_one_socket_timeout_not_one_per_pooled_connection(
     assert lease is not None
     db.release(lease)
     db.close()
+
+
+def test_one_thread_per_process_polls_a_held_key_however_many_wait(
+    mariadb_server: MariaDBServer, key: str
+) -> None:
+    """MySQL has no notify: a waiting process polls every `poll_interval`. Eight threads
+    waiting on one key must cost one poller's queries (the head of the process's line
+    asks; the rest wait their turn), not eight, and get the lock in the order they came."""
+    provider = DatabaseProvider(mariadb_server.url, poll_interval=0.05)
+    other = DatabaseProvider(mariadb_server.url, name="other")
+    try:
+        holder = other.acquire(key, ttl=30)
+        assert holder is not None
+
+        def inserts() -> int:  # each poll is an INSERT and an upsert (INSERT ... ON DUPLICATE)
+            return int(mariadb_server.sql("SHOW GLOBAL STATUS LIKE 'Com_insert'").split()[1])
+
+        before = inserts()
+        with ThreadPoolExecutor(max_workers=8) as pool:
+            outcomes = list(pool.map(lambda _: provider.acquire(key, ttl=30, wait=1.0), range(8)))
+        polls = (inserts() - before) / 2
+        assert outcomes == [None] * 8
+        assert polls <= 1.0 / 0.05 * 1.5 + 8, f"{polls} polls in 1 s: every thread polled"
+
+        order: list[int] = []
+        started: list[threading.Thread] = []
+        for index in range(4):  # they queue in this order, then the holder lets go
+            thread = threading.Thread(target=_take_and_note, args=(provider, key, index, order))
+            thread.start()
+            started.append(thread)
+            time.sleep(0.1)
+        other.release(holder)
+        for thread in started:
+            thread.join(30)
+        assert order == [0, 1, 2, 3]
+    finally:
+        provider.close()
+        other.close()
+
+
+def _take_and_note(provider: DatabaseProvider, key: str, index: int, order: list[int]) -> None:
+    lease = provider.acquire(key, ttl=30, wait=20)
+    assert lease is not None
+    order.append(index)
+    provider.release(lease)

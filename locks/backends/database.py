@@ -49,7 +49,7 @@ import logging
 import random
 import threading
 import time
-from collections.abc import Hashable, Mapping
+from collections.abc import Callable, Hashable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -62,6 +62,7 @@ from sqlalchemy.schema import CreateTable
 from locks.backends import dialects
 from locks.backends.dbpool import ConnectionPool, Refused
 from locks.backends.deadlines import Deadlines
+from locks.backends.notices import Notices
 from locks.backends.wakeups import Wakeups
 from locks.base import Grant, ProviderBase
 from locks.errors import AccessDenied, BackendError, BackendUnavailable
@@ -70,6 +71,7 @@ from locks.provider import Capabilities, Holder, Lease
 
 logger = logging.getLogger("locks")
 
+_NUDGE = 1.0  # seconds: the longest a waiter sleeps without asking (notices may be lost)
 _PURGE_EVERY = 1000  # releases between purges of rows left by dead holders
 _DEADLOCK_RETRIES = 10  # a statement chosen as a deadlock victim is run again this often
 _IDLE_PING = 5.0  # a pooled connection idle, or unchecked, for longer is pinged before use
@@ -158,6 +160,20 @@ WHERE name = :name AND expires_at > {now}
 # that the next grant's fence counts on from it (a take-over gives fence + 1 at least)
 _BREAK = "UPDATE {t} SET expires_at = {now} WHERE name = :name AND fence = :fence"
 
+
+def _announcing(channel: str) -> Callable[[str], str]:
+    """PostgreSQL: a statement that frees rows (`DELETE`/`UPDATE ... WHERE`), made to
+    notify `channel` with each freed row's name, in the same round trip; its row count
+    is still the number of rows it freed."""
+
+    def announced(statement: str) -> str:
+        literal = channel.replace("'", "''")
+        return (f"WITH freed AS ({statement} RETURNING name) "
+                f"SELECT pg_notify('{literal}', name) FROM freed")  # fmt: skip
+
+    return announced
+
+
 # rows of holders that died: expired for longer than the grace (found, then deleted)
 _PURGE_FIND = "SELECT name FROM {t} WHERE expires_at < {now} - :grace_us LIMIT 1000"
 _PURGE = "DELETE FROM {t} WHERE name = :name AND expires_at < {now} - :grace_us"
@@ -235,10 +251,16 @@ class DatabaseProvider(ProviderBase):
         pool_timeout: float = 5.0,
         purge_after: float = 3600.0,
         connect_args: Mapping[str, Any] | None = None,
+        poll_interval: float = 0.025,
     ) -> None:
+        """`poll_interval`: how often a process's first waiter on a key asks for it
+        where releases are not announced (MySQL/MariaDB, SQLite): a hand-off to another
+        process takes about half of it, for 1/poll_interval queries a second per key
+        and waiting process. PostgreSQL announces releases (LISTEN/NOTIFY)."""
         super().__init__(name, watchdog_ttl)
         self.table_name = check_name(table, "table")
         self.purge_after = check_seconds(purge_after, "purge_after")
+        self.poll_interval = check_seconds(poll_interval, "poll_interval")
         engine_given = engine is not None
         self._owns_engine = not engine_given
         self.socket_timeout = check_seconds(socket_timeout, "socket_timeout")
@@ -295,31 +317,46 @@ class DatabaseProvider(ProviderBase):
         self._take_errors: tuple[type[BaseException], ...] = (*self.unavailable_errors, Refused)
         self.driver_errors = (exc.SQLAlchemyError, dbapi.Error)
         self.address = _address(engine)
+        self._duplicate_key: type[Any] = dbapi.IntegrityError
+        # PostgreSQL: what frees a lock announces it to waiting processes (`notices`)
+        channel = f"locks.{self.table_name}"[:63]  # an identifier: 63 bytes at most
+        self._compile(channel if dialect == "postgresql" else None)
+        self._create_table = create_table
+        self._table_ready = False
+        self._setup_lock = threading.Lock()
+        self._wakeups = Wakeups()
+        self._notices = None
+        if dialect == "postgresql":
+            self._notices = Notices(
+                engine, channel, on_notice=self._wakeups.wake, on_gap=self._wakeups.wake_all,
+                timeout=self.socket_timeout, name=f"locks-notices-{self.name}",
+            )  # fmt: skip
+        self._releases = 0
+
+    def _compile(self, channel: str | None) -> None:
+        """Every statement, compiled once for the driver; those that free a lock notify
+        `channel` where there is one."""
+        engine, dialect = self.engine, self._dialect
         quoted = engine.dialect.identifier_preparer.quote(self.table_name)
         parts = {"t": quoted, "now": _CLOCK_US[dialect], "greatest": _GREATEST[dialect]}
+        announced = str if channel is None else _announcing(channel)
 
         def compiled(sql: str) -> _Statement:
             return _Statement.compile(sql.format(**parts), engine.dialect)
 
         self._insert_sql = compiled(_MYSQL_INSERT if self._mysql else _INSERT)
         self._upsert_sql = compiled(_MYSQL_UPSERT if self._mysql else _UPSERT)
-        self._duplicate_key: type[Any] = dbapi.IntegrityError
-        self._release_sql = compiled(_RELEASE_KEEP if self._keeps_rows else _RELEASE)
+        self._release_sql = compiled(announced(_RELEASE_KEEP if self._keeps_rows else _RELEASE))
         self._extend_sql = compiled(_EXTEND)
         self._release_token_sql = compiled(
-            _RELEASE_TOKEN_KEEP if self._keeps_rows else _RELEASE_TOKEN
+            announced(_RELEASE_TOKEN_KEEP if self._keeps_rows else _RELEASE_TOKEN)
         )
         self._is_held_sql = compiled(_IS_HELD)
         self._holder_sql = compiled(_HOLDER)
-        self._break_sql = compiled(_BREAK)
+        self._break_sql = compiled(announced(_BREAK))
         self._purge_sql = compiled(_PURGE)
         self._purge_find_text = _PURGE_FIND.format(**parts)
         self._ping_sql = compiled("SELECT 1")
-        self._create_table = create_table
-        self._table_ready = False
-        self._setup_lock = threading.Lock()
-        self._wakeups = Wakeups()
-        self._releases = 0
 
     # -- setup and errors -----------------------------------------------------------------
 
@@ -445,19 +482,33 @@ class DatabaseProvider(ProviderBase):
         grant = self._take(params, key, token)
         if grant is not None or (deadline is not None and time.monotonic() >= deadline):
             return grant
-        with self._wakeups.waiting(key) as sleep:
-            delay = 0.01
+        with self._wakeups.waiting(key) as waiter:
+            # subscribed before the next look: a release from now on is heard of
+            notified = self._notices is not None and self._notices.listen()
             while True:
-                # jittered exponential backoff, 10 ms up to 200 ms, never past the
-                # deadline; a release by a thread of this process ends it early
-                pause = random.uniform(delay / 2, delay)
+                if waiter.first:  # one asks per key and process; the rest wait their turn
+                    grant = self._take(params, key, token)
+                    if grant is not None:
+                        return grant
+                    pause = self._pause(key, notified)
+                else:
+                    pause = _NUDGE  # woken when the head leaves or the key is released
                 if deadline is not None:
-                    pause = min(pause, deadline - time.monotonic())
-                sleep(pause)
-                delay = min(delay * 2, 0.2)
-                grant = self._take(params, key, token)
-                if grant is not None or (deadline is not None and time.monotonic() >= deadline):
-                    return grant
+                    left = deadline - time.monotonic()
+                    if left <= 0:
+                        return None
+                    pause = min(pause, left)
+                waiter.sleep(pause)
+
+    def _pause(self, key: str, notified: bool) -> float:
+        """How long the head waits before it asks again. Heard-of releases wake it, so
+        it waits for the holder's expiry (a dead holder's lock frees itself then);
+        else it polls, jittered so that processes do not ask in step."""
+        if not notified:
+            return random.uniform(0.75, 1.25) * self.poll_interval
+        holder = self._holder(key)
+        left = _NUDGE if holder is None or holder.expires_in is None else holder.expires_in
+        return min(max(left, 0.0) + 0.001, _NUDGE)
 
     def _take(self, params: dict[str, Any], key: str, token: str) -> Grant | None:
         """One try: the grant if this owner holds the lock now, else None."""
@@ -547,6 +598,8 @@ class DatabaseProvider(ProviderBase):
 
     def close(self) -> None:
         super().close()
+        if self._notices is not None:
+            self._notices.close()
         self._connections.close()
         if self._owns_engine:
             self.engine.dispose()

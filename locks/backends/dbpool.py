@@ -242,13 +242,7 @@ class ConnectionPool:
         """A new connection for a place already counted in `_open`."""
         connection = None
         try:
-            proxied = self._engine.raw_connection()
-            connection = proxied.dbapi_connection
-            proxied.detach()
-            if connection is None:
-                raise exc.DisconnectionError("the engine handed out a closed connection")
-            # an engine passed in may run transactions; our statements commit themselves
-            self._engine.dialect.set_isolation_level(connection, "AUTOCOMMIT")
+            connection = new_connection(self._engine)
             if self._check is not None:
                 self._check(connection)
                 self._checked[id(connection)] = time.monotonic()
@@ -283,6 +277,23 @@ class ConnectionPool:
             if deadlines is not None and ticket is not None:
                 deadlines.stop(ticket)
         return True
+
+
+def new_connection(engine: Engine) -> Any:
+    """A DBAPI connection of its own, made by `engine` (its connect events and
+    arguments apply) and detached from the engine's pool, in autocommit mode."""
+    proxied = engine.raw_connection()
+    connection = proxied.dbapi_connection
+    proxied.detach()
+    if connection is None:
+        raise exc.DisconnectionError("the engine handed out a closed connection")
+    try:
+        # an engine passed in may run transactions; our statements commit themselves
+        engine.dialect.set_isolation_level(connection, "AUTOCOMMIT")
+    except BaseException:
+        _close_quietly(connection)
+        raise
+    return connection
 
 
 def _close_quietly(connection: Any) -> None:
