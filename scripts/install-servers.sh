@@ -1,13 +1,26 @@
 #!/usr/bin/env bash
-# Installs the real servers the tests start (redis-server, ZooKeeper, MariaDB) from
-# Debian's packages, where they are missing. The tests start their own instances on
-# free loopback ports; nothing here starts a system service.
+# Installs the real servers the tests start (redis-server, ZooKeeper, MariaDB,
+# PostgreSQL) from Debian's packages, where they are missing. The tests start their own
+# instances on free loopback ports; nothing here starts a system service.
 set -euo pipefail
+
+# PostgreSQL's server and tools live in /usr/lib/postgresql/<version>/bin, off PATH
+has_postgresql() {
+  local bin
+  for bin in /usr/lib/postgresql/*/bin; do
+    [ -x "$bin/postgres" ] && [ -x "$bin/initdb" ] && [ -x "$bin/psql" ] && return 0
+  done
+  return 1
+}
 
 missing=()
 command -v redis-server >/dev/null 2>&1 || [ -x /usr/bin/redis-server ] || missing+=(redis-server)
 [ -f /usr/share/java/zookeeper.jar ] || missing+=(zookeeper)
 command -v mariadbd >/dev/null 2>&1 || [ -x /usr/sbin/mariadbd ] || missing+=(mariadb-server)
+# the package also makes the `postgres` user, which runs the server when we are root
+# (PostgreSQL refuses root); a cluster of its own on 5432, if apt starts one (the
+# policy below asks it not to), is left alone: nothing here uses it
+has_postgresql && getent passwd postgres >/dev/null || missing+=(postgresql)
 # the topologies of scripts/servers also use redis-cli and mariadb-dump (each a dependency of
 # its server's package, so only missing where the server came from elsewhere)
 command -v redis-cli >/dev/null 2>&1 || missing+=(redis-tools)

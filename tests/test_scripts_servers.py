@@ -1,12 +1,13 @@
 """scripts/servers and compose/: the local servers users start, and the configs that point
 at them.
 
-The slow tests run `scripts/servers start` for real on free ports in a temp dir: the three
-single servers, checked the way the library uses them (and that the database user may only
+The slow tests run `scripts/servers start` for real on free ports in a temp dir: the four
+single servers, checked the way the library uses them (and that the database users may only
 touch rows), and each topology (sentinel, cluster, ensemble, replica), checked the way a
 lock server's client uses it; then `status` and `stop`. The fast ones keep
-compose/docker-compose.yml, compose/locks.toml, compose/init.sql, the topology compose
-files, compose/topologies.toml and the script's default ports from drifting apart.
+compose/docker-compose.yml, compose/locks.toml, compose/init.sql,
+compose/postgres-init.sql, the topology compose files, compose/topologies.toml and the
+script's default ports from drifting apart.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from __future__ import annotations
 import contextlib
 import os
 import re
+import shutil
 import signal
 import socket
 import subprocess
@@ -27,6 +29,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
+import psycopg
 import pymysql  # type: ignore[import-untyped]
 import pytest
 import redis
@@ -41,12 +44,14 @@ from locks.config import Registry, from_config
 from locks.fallback.scenarios import PRESETS
 from locks.provider import LockProvider
 from tests.ports import free_port
+from tests.servers.postgresql import Account, postgresql_bindir
 
 ROOT = Path(__file__).resolve().parent.parent
 SCRIPT = ROOT / "scripts" / "servers"
 COMPOSE = ROOT / "compose" / "docker-compose.yml"
 TOML = ROOT / "compose" / "locks.toml"
 INIT_SQL = ROOT / "compose" / "init.sql"
+PG_INIT_SQL = ROOT / "compose" / "postgres-init.sql"
 LOCKS_CLI = Path(sys.executable).parent / "locks"  # the console script of this venv
 
 # server name in scripts/servers -> (compose service, backend in locks.toml, port variable)
@@ -54,8 +59,9 @@ SERVERS = {
     "redis": ("redis", "redis", "LOCKS_REDIS_PORT"),
     "zookeeper": ("zookeeper", "zk", "LOCKS_ZK_PORT"),
     "mariadb": ("mysql", "db", "LOCKS_MYSQL_PORT"),
+    "postgresql": ("postgres", "pg", "LOCKS_PG_PORT"),
 }
-CONTAINER_PORTS = {"redis": 6379, "zookeeper": 2181, "mysql": 3306}
+CONTAINER_PORTS = {"redis": 6379, "zookeeper": 2181, "mysql": 3306, "postgres": 5432}
 
 TOPOLOGIES_TOML = ROOT / "compose" / "topologies.toml"
 REDIS: Any = redis  # its Sentinel and cluster helpers carry no annotations
@@ -128,11 +134,14 @@ def toml_addresses() -> dict[str, tuple[str, int]]:
     redis_url = urlsplit(backends["redis"]["url"])
     zk_host, _, zk_port = backends["zk"]["hosts"].partition(":")
     db_url = sa.engine.make_url(backends["db"]["url"])
+    pg_url = sa.engine.make_url(backends["pg"]["url"])
     assert redis_url.hostname and redis_url.port and db_url.host and db_url.port
+    assert pg_url.host and pg_url.port
     return {
         "redis": (redis_url.hostname, redis_url.port),
         "zk": (zk_host, int(zk_port)),
         "db": (db_url.host, db_url.port),
+        "pg": (pg_url.host, pg_url.port),
     }
 
 
@@ -208,6 +217,55 @@ def test_compose_files_agree_on_the_database() -> None:
     init = INIT_SQL.read_text()
     assert "CREATE USER IF NOT EXISTS 'locks'@'%' IDENTIFIED BY 'locks';" in init
     assert "GRANT SELECT, INSERT, UPDATE, DELETE ON locks.locks TO 'locks'@'%';" in init
+
+
+# the lock table as DatabaseProvider.table() makes it on PostgreSQL: information_schema's
+# column_name, data_type, character_maximum_length, is_nullable, in order
+PG_COLUMNS = [
+    ("name", "character varying", 255, "NO"),
+    ("owner", "character varying", 64, "NO"),
+    ("token", "character varying", 64, "NO"),
+    ("depth", "integer", None, "NO"),
+    ("fence", "bigint", None, "NO"),
+    ("expires_at", "bigint", None, "NO"),
+    ("acquired_at", "bigint", None, "NO"),
+]
+
+
+def test_compose_files_agree_on_postgresql() -> None:
+    """docker-compose.yml's postgres runs compose/postgres-init.sql (which scripts/servers
+    runs too), with the database, role and password compose/locks.toml names; its table is
+    the provider's."""
+    postgres = yaml.safe_load(COMPOSE.read_text())["services"]["postgres"]
+    assert postgres["image"] == "postgres:15"
+    assert postgres["environment"]["POSTGRES_PASSWORD"]
+    # POSTGRES_USER would be the superuser: postgres-init.sql makes the role instead
+    assert "POSTGRES_USER" not in postgres["environment"]
+    assert postgres["volumes"] == ["./postgres-init.sql:/docker-entrypoint-initdb.d/init.sql:ro"]
+    assert "PGPASSWORD=locks psql -h 127.0.0.1 -U locks -d locks" in str(
+        postgres["healthcheck"]["test"]
+    )
+    url = sa.engine.make_url(tomllib.loads(TOML.read_text())["backends"]["pg"]["url"])
+    assert url.drivername == "postgresql+psycopg"  # the `postgresql` extra's driver
+    assert (url.username, url.password, url.database) == ("locks", "locks", "locks")
+    assert postgres["environment"]["POSTGRES_DB"] == url.database
+    init = PG_INIT_SQL.read_text()
+    assert "CREATE ROLE locks LOGIN PASSWORD 'locks';" in init
+    assert "GRANT SELECT, INSERT, UPDATE, DELETE ON public.locks TO locks;" in init
+    assert "compose/postgres-init.sql" in SCRIPT.read_text()
+    assert re.search(r"^db_password=locks\b", SCRIPT.read_text(), re.MULTILINE)
+
+    provider = DatabaseProvider(str(url), create_table=False)  # compiles, connects nothing
+    try:
+        ddl = str(CreateTable(provider.table(), if_not_exists=True).compile(
+            dialect=provider.engine.dialect
+        ))  # fmt: skip
+    finally:
+        provider.close()
+    statement = re.search(r"CREATE TABLE IF NOT EXISTS public\.locks \(.*?\n\);", init, re.DOTALL)
+    assert statement, "postgres-init.sql creates no lock table"
+    without_comments = re.sub(r"--[^\n]*", "", statement[0]).rstrip(";")
+    assert normalized(without_comments.replace("public.locks", "locks")) == normalized(ddl)
 
 
 def test_compose_toml_passes_locks_check() -> None:
@@ -412,6 +470,25 @@ class Servers:
         )  # fmt: skip
         return done.stdout.strip()
 
+    @property
+    def pg_home(self) -> Path:
+        """PostgreSQL's dir (data dir and socket); as root, outside `dir`, linked from it."""
+        return (self.dir / "postgresql").resolve()
+
+    def pg_sql(self, sql: str, database: str = "locks") -> str:
+        """Run `sql` with psql as PostgreSQL's superuser through its Unix socket, as
+        scripts/servers does (as root: as the postgres user); returns the rows."""
+        account = Account.for_server()
+        done = subprocess.run(
+            [str(postgresql_bindir() / "psql"), "-X", "-q", "-A", "-t", "-v", "ON_ERROR_STOP=1",
+             "-h", str(self.pg_home), "-p", str(self.ports["postgresql"]), "-U", account.name,
+             "-d", database, "-f", "-"],
+            input=sql, capture_output=True, text=True, check=True, timeout=30,
+            cwd=self.pg_home, **account.popen_args(),
+        )  # fmt: skip
+        rows: str = done.stdout  # Any: the user switch's arguments hide the overload
+        return rows.strip()
+
 
 def distinct_free_ports(count: int) -> list[int]:
     ports: set[int] = set()
@@ -444,6 +521,8 @@ def servers() -> Iterator[Servers]:
             start_servers([], env, servers_dir, ports, pids)
             yield Servers(servers_dir, env, ports)
         finally:
+            # as root, PostgreSQL's data is in the postgres user's home: ours to remove
+            pg_home = (servers_dir / "postgresql").resolve()
             subprocess.run(
                 [str(SCRIPT), "stop"], env=env, check=False, capture_output=True, timeout=120
             )
@@ -452,8 +531,15 @@ def servers() -> Iterator[Servers]:
                     cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace")
                 except OSError:
                     continue
-                if str(servers_dir) in cmdline or f"127.0.0.1:{ports[name]}" in cmdline:
+                if any(
+                    mark in cmdline
+                    for mark in (str(servers_dir), str(pg_home), f"127.0.0.1:{ports[name]}")
+                ):
                     os.kill(pid, signal.SIGKILL)
+            if not pg_home.is_relative_to(servers_dir) and pg_home.name.startswith(
+                "fallback-locks."
+            ):
+                shutil.rmtree(pg_home, ignore_errors=True)
 
 
 def compose_registry(servers: Servers, tmp_path: Path) -> Registry:
@@ -477,8 +563,10 @@ def normalized(ddl: str) -> str:
 @pytest.mark.slow
 def test_start_serves_the_library_then_status_and_stop(servers: Servers, tmp_path: Path) -> None:
     check_clients(servers.ports)
+    check_postgresql_client(servers.ports["postgresql"])
     check_library(servers, tmp_path)
     check_init_sql(servers)
+    check_postgres_init_sql(servers)
     check_status_start_again_and_stop(servers)
 
 
@@ -536,11 +624,49 @@ def check_clients(ports: dict[str, int]) -> None:
         db.close()
 
 
+def check_postgresql_client(port: int) -> None:
+    """The `locks` role over TCP by password: no superuser, owning nothing, allowed only
+    to read and write rows of the lock table, which is the provider's."""
+    with psycopg.connect(host="127.0.0.1", port=port, user="locks", password="locks",
+                         dbname="locks", connect_timeout=5, autocommit=True) as db:  # fmt: skip
+        columns = db.execute(
+            "SELECT column_name, data_type, character_maximum_length, is_nullable"
+            " FROM information_schema.columns WHERE table_schema = 'public'"
+            " AND table_name = 'locks' ORDER BY ordinal_position"
+        ).fetchall()
+        assert columns == PG_COLUMNS
+        assert db.execute(
+            "SELECT a.attname FROM pg_index i JOIN pg_attribute a ON a.attrelid = i.indrelid"
+            " AND a.attnum = ANY(i.indkey) WHERE i.indrelid = 'public.locks'::regclass"
+            " AND i.indisprimary"
+        ).fetchall() == [("name",)]
+        assert db.execute(
+            "SELECT rolsuper, rolcreatedb, rolcreaterole FROM pg_roles WHERE rolname = 'locks'"
+        ).fetchone() == (False, False, False)
+        grants = db.execute(
+            "SELECT table_schema, table_name, privilege_type"
+            " FROM information_schema.role_table_grants WHERE grantee = 'locks'"
+            " ORDER BY privilege_type"
+        ).fetchall()
+        assert grants == [("public", "locks", privilege)
+                          for privilege in ("DELETE", "INSERT", "SELECT", "UPDATE")]  # fmt: skip
+        assert db.execute(
+            "SELECT (SELECT count(*) FROM pg_class WHERE relowner = 'locks'::regrole)"
+            " + (SELECT count(*) FROM pg_namespace WHERE nspowner = 'locks'::regrole)"
+            " + (SELECT count(*) FROM pg_database WHERE datdba = 'locks'::regrole)"
+        ).fetchone() == (0,)
+        for ddl in ("CREATE TABLE other (x INT)", "CREATE TABLE IF NOT EXISTS locks (x INT)",
+                    "CREATE SCHEMA other", "CREATE TEMP TABLE other (x INT)"):  # fmt: skip
+            with pytest.raises(psycopg.errors.InsufficientPrivilege):
+                db.execute(ddl)
+
+
 def check_library(servers: Servers, tmp_path: Path) -> None:
     """The library, configured by compose/locks.toml: acquire + release on every server."""
     registry = compose_registry(servers, tmp_path)
     try:
-        expected = {"redis": RedisHashProvider, "zk": ZooKeeperProvider, "db": DatabaseProvider}
+        expected = {"redis": RedisHashProvider, "zk": ZooKeeperProvider, "db": DatabaseProvider,
+                    "pg": DatabaseProvider}  # fmt: skip
         for backend, cls in expected.items():
             provider: LockProvider = registry.backend(backend)
             assert isinstance(provider, cls)
@@ -622,6 +748,42 @@ def check_init_sql(servers: Servers) -> None:
     assert normalized(chosen.replace("utf8mb4_nopad_bin", "utf8mb4_0900_bin")) == normalized(
         str(mysql8_ddl)
     )
+
+
+def check_postgres_init_sql(servers: Servers) -> None:
+    """compose/postgres-init.sql, which made scripts/servers' table, role and grants, is
+    idempotent, as the Docker image and a person by hand run it; the table it made has
+    the columns and key the provider gives the table it creates itself."""
+    grants = "SELECT privilege_type FROM information_schema.role_table_grants" \
+        " WHERE grantee = 'locks' ORDER BY 1"  # fmt: skip
+    before = servers.pg_sql(grants)
+    servers.pg_sql(PG_INIT_SQL.read_text(), database="postgres")  # again: no error
+    assert servers.pg_sql(grants) == before == "DELETE\nINSERT\nSELECT\nUPDATE"
+    assert servers.pg_sql("SELECT count(*) FROM pg_roles WHERE rolname = 'locks'") == "1"
+
+    provider = DatabaseProvider(
+        f"postgresql+psycopg://locks:locks@127.0.0.1:{servers.ports['postgresql']}/locks",
+        table="locks_from_provider", create_table=False,
+    )  # fmt: skip
+    try:
+        ddl = CreateTable(provider.table()).compile(dialect=provider.engine.dialect)
+    finally:
+        provider.close()
+    servers.pg_sql(str(ddl))  # as the superuser: the role may not create tables
+
+    def shape(table: str) -> str:
+        return servers.pg_sql(
+            "SELECT column_name, data_type, character_maximum_length, is_nullable,"
+            " collation_name FROM information_schema.columns WHERE table_schema = 'public'"
+            f" AND table_name = '{table}' ORDER BY ordinal_position;"
+            f" SELECT pg_get_indexdef(indexrelid) FROM pg_index"
+            f" WHERE indrelid = 'public.{table}'::regclass AND indisprimary"
+        ).replace(table, "locks")
+
+    try:
+        assert shape("locks_from_provider") == shape("locks")
+    finally:
+        servers.pg_sql("DROP TABLE locks_from_provider")
 
 
 # -- slow: the topologies, for real -------------------------------------------------------

@@ -30,9 +30,12 @@ pytest_plugins = [
     "tests.servers.zookeeper_ensemble",
     "tests.servers.mariadb_replica",
     "tests.servers.redis_masters",
+    "tests.servers.postgresql",
 ]
 
-INSTALL_HINT = "apt-get install -y redis-server zookeeper mariadb-server (or run `make test`)"
+INSTALL_HINT = (
+    "apt-get install -y redis-server zookeeper mariadb-server postgresql (or run `make test`)"
+)
 
 
 def require_binary(name: str, *candidates: str) -> str:
