@@ -48,7 +48,6 @@ UNAVAILABLE = {
     "a Redis Cluster": r"redis\+cluster://|\bRedisCluster\b|\bcluster_nodes\s*=",
     "a ZooKeeper ensemble": r"[\w.-]+:\d+,[\w.-]+:2181|[\w.-]+:2181,[\w.-]+:\d+",
     "a MariaDB replica": r"mariadb-replica|compose/replica\.yml|@[\w.-]+:3307\b",
-    "PostgreSQL": r"\bpostgres(ql)?(\+\w+)?://",
 }
 
 # names the docs use for brevity without defining them: injected only into a block that
@@ -134,6 +133,7 @@ class Servers:
     env: dict[str, str] = field(default_factory=dict)  # secrets the rewritten text names
     redis_urls: list[str] = field(default_factory=list)  # every one the block was given
     redis_given: dict[str, str] = field(default_factory=dict)  # the docs' -> the session's
+    pg_table: bool = False  # the lock table made on the session's PostgreSQL
 
     def _fixture(self, name: str) -> Any:
         return self.request.getfixturevalue(name)
@@ -176,6 +176,23 @@ class Servers:
             password = server.password
         return f"mysql+pymysql://locks:{password}@{server.address}/locks?charset=utf8mb4"
 
+    def postgresql(self, found: re.Match[str]) -> str:
+        server = self._fixture("postgresql_server")
+        password = found["pgpassword"] or ""
+        if secret := re.fullmatch(r"\$\{(\w+)\}", password):  # kept: the block reads it
+            self.env[secret[1]] = server.password
+        else:
+            password = server.password
+        url = f"{found['scheme']}://locks:{password}@{server.address}/locks"
+        if not self.pg_table:  # a config may say create_table = false, as in production
+            from locks.backends import DatabaseProvider  # noqa: PLC0415 - PostgreSQL blocks only
+
+            provider = DatabaseProvider(server.url)
+            provider.create_table()
+            provider.close()
+            self.pg_table = True
+        return url
+
     def local_path(self, found: re.Match[str]) -> str:
         return str(self.tmp / found["name"])
 
@@ -188,6 +205,8 @@ REWRITES: list[tuple[str, Callable[[Servers, re.Match[str]], str]]] = [
     (r"(?<![\w.:-])[\w.-]+:2181(?![\d,])", Servers.zookeeper),
     (r"\bmysql(?:\+\w+)?://[^:@\s\"'/]+(?::(?P<password>[^@\s\"']*))?@[\w.-]+(?::\d+)?"
      r"/\w+(?:\?[^\s\"']*)?", Servers.mysql),
+    (r"\b(?P<scheme>postgres(?:ql)?(?:\+\w+)?)://[^:@\s\"'/]+(?::(?P<pgpassword>[^@\s\"']*))?"
+     r"@[\w.-]+(?::\d+)?/\w+(?:\?[^\s\"']*)?", Servers.postgresql),
     # files the docs put under /var or /tmp (a switch file, a SQLite database)
     (r"(?<=[\"'/])/(?:var|tmp)/(?:[\w.-]+/)*(?P<name>[\w.-]+)", Servers.local_path),
 ]  # fmt: skip

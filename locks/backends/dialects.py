@@ -52,10 +52,20 @@ FAMILIES = ("mysql", "postgresql", "sqlite")
 UNAVAILABLE = (exc.OperationalError, exc.InterfaceError, exc.DisconnectionError, exc.TimeoutError)
 # MySQL/MariaDB and PostgreSQL refusing credentials or a privilege: a configuration
 # error, never an outage (1044/1045 access to a database or as a user, 1142/1143 to a
-# table or column, 1227/1370 a privilege, 1698 a socket-auth user; PostgreSQL 28000/28P01
-# authentication, 42501 insufficient privilege)
-_MYSQL_DENIED = {1044, 1045, 1142, 1143, 1227, 1370, 1698}
+# table or column, 1227/1370 a privilege, 1251 an auth plugin the client lacks, 1698 a
+# socket-auth user, 1820/1862 an expired password, 2026 a TLS failure; PostgreSQL
+# 28000/28P01 authentication, 42501 insufficient privilege)
+_MYSQL_DENIED = {1044, 1045, 1142, 1143, 1227, 1251, 1370, 1698, 1820, 1862, 2026}
 _PG_DENIED = {"28000", "28P01", "42501"}
+# libpq reports a refused connection with no SQLSTATE (psycopg 3 and psycopg2 alike): the
+# server's FATAL text, or libpq's own for TLS, is all there is (in the server's
+# lc_messages; English is the default)
+_PG_REFUSED = re.compile(
+    r"password authentication failed|no pg_hba\.conf entry|role \".*\" does not exist"
+    r"|database \".*\" does not exist|permission denied for database"
+    r"|no password supplied|certificate verify failed|does not match host name"
+    r"|root certificate file|server does not support SSL|SSL error"
+)
 # A server that refuses to write because it is read-only: an outage of this tier (a
 # replica, a standby, a primary being demoted), never a data error. MySQL/MariaDB 1290
 # ER_OPTION_PREVENTS_STATEMENT ("running with the --read-only option"; other options
@@ -150,7 +160,10 @@ def _mysql_code(error: BaseException) -> object:
 def denied(error: BaseException) -> bool:
     """Credentials or a privilege refused: a configuration error, never an outage."""
     cause = _driver_error(error)
-    return _mysql_code(cause) in _MYSQL_DENIED or sqlstate(cause) in _PG_DENIED
+    if _mysql_code(cause) in _MYSQL_DENIED or sqlstate(cause) in _PG_DENIED:
+        return True
+    from_libpq = type(cause).__module__.startswith(("psycopg", "psycopg2"))
+    return from_libpq and _PG_REFUSED.search(str(cause)) is not None
 
 
 def read_only(error: BaseException) -> bool:
