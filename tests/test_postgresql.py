@@ -114,7 +114,7 @@ def test_refused_credentials_and_privileges_are_access_denied_never_unavailable(
     table_owner.create_table()  # the table exists; this role may not touch it
     unprivileged = DatabaseProvider(user_url, create_table=False)
     try:
-        with pytest.raises(AccessDenied, match="42501|permission denied"):
+        with pytest.raises(AccessDenied, match=r"42501|permission denied"):
             unprivileged.acquire(key, ttl=30)
     finally:
         unprivileged.close()
