@@ -334,7 +334,12 @@ class ProviderBase(MakesLocks, ABC):
             owner._lose(hold, "the backend no longer holds it")
             raise LockNotOwned(f"{lease.key!r} on {self.name!r} is no longer held by this lease")
         emit(EventKind.EXTENDED, self.name, lease.key, lease)
-        return lease if new_ttl == lease.ttl else dataclasses.replace(lease, ttl=new_ttl)
+        if new_ttl == lease.ttl:
+            return lease
+        copy = dataclasses.replace(lease, ttl=new_ttl)
+        with hold.lock:
+            hold.copied(copy)
+        return copy
 
     def is_held(self, lease: Lease) -> bool:
         check_lease(lease, self.name)

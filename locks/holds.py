@@ -40,15 +40,38 @@ if TYPE_CHECKING:
 logger = logging.getLogger("locks")
 
 
-def abandoned(lease: Lease) -> Callable[[weakref.ref[Lease]], None] | None:
-    """What runs when `lease` is collected: a warning if it is a renewed lease nobody
-    released. It runs inside the garbage collector, on any thread: it takes no lock."""
+class Copies:
+    """The lease objects its holder has of one level, referred to weakly: the level is
+    live while any of them is (`extend` with a new ttl hands out a copy sharing the
+    level's state, and either may be the one kept)."""
+
+    __slots__ = ("_refs",)
+
+    def __init__(self, lease: Lease) -> None:
+        self._refs = [weakref.ref(lease, _collected(lease, self))]
+
+    def add(self, copy: Lease) -> None:
+        self._refs.append(weakref.ref(copy, _collected(copy, self)))
+
+    def get(self) -> Lease | None:
+        """One of them still referenced, or None: every one was dropped."""
+        for ref in self._refs:
+            lease = ref()
+            if lease is not None:
+                return lease
+        return None
+
+
+def _collected(lease: Lease, copies: Copies) -> Callable[[weakref.ref[Lease]], None] | None:
+    """What runs when `lease` is collected: a warning if it was the last copy of a
+    renewed lease nobody released. It runs inside the garbage collector, on any
+    thread: it takes no lock."""
     if not lease.auto_renew:
         return None  # it expires by itself, as it would have if kept
     key, backend, ttl, state = lease.key, lease.backend, lease.ttl, lease.state
 
     def collected(_: weakref.ref[Lease]) -> None:
-        if not (state.ended or state.lost):
+        if not (state.ended or state.lost) and copies.get() is None:
             message = (
                 f"lease on {key!r} from {backend!r} was dropped without release: its "
                 f"renewal stopped, and the backend frees it within {ttl:g} s"
@@ -70,7 +93,7 @@ class Hold:
     def __init__(self, provider: ProviderBase, first: Lease, valid_until: float | None) -> None:
         self.provider = provider  # the object that made the grant: its connection serves it
         self.anchor = dataclasses.replace(first)  # not `first`: the holder may drop that
-        self._levels = [weakref.ref(first, abandoned(first))]
+        self._levels = [Copies(first)]
         # when the server may give the key away, as far as this process can tell (sent
         # time of the last request that set the expiry, plus its ttl); None: no expiry
         self.valid_until = valid_until
@@ -90,16 +113,28 @@ class Hold:
     @property
     def levels(self) -> list[Lease]:
         """The levels still referenced by their holders, in order."""
-        return [level for ref in self._levels if (level := ref()) is not None]
+        return [level for copies in self._levels if (level := copies.get()) is not None]
 
     def add(self, level: Lease) -> None:
         """Stack a new level (called under `lock`)."""
-        self._levels.append(weakref.ref(level, abandoned(level)))
+        self._levels.append(Copies(level))
+
+    def copied(self, copy: Lease) -> None:
+        """`copy` shares the state of one of the levels: it keeps that level live too."""
+        for copies in self._levels:
+            level = copies.get()
+            if level is not None and level.state is copy.state:
+                copies.add(copy)
+                return
 
     def drop(self, state: LeaseState) -> None:
-        """Unstack the level whose state is `state`, and those collected (under `lock`)."""
-        self._levels = [ref for ref in self._levels
-                        if (level := ref()) is not None and level.state is not state]  # fmt: skip
+        """Unstack the level whose state is `state`, and those dropped (under `lock`)."""
+        kept = []
+        for copies in self._levels:
+            level = copies.get()
+            if level is not None and level.state is not state:
+                kept.append(copies)
+        self._levels = kept
 
     def finish(self) -> None:
         """Mark it over (callable with or without `lock` held)."""

@@ -37,7 +37,6 @@ import dataclasses
 import random
 import threading
 import time
-import weakref
 import zlib
 from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -47,7 +46,7 @@ from typing import Protocol, TypeVar, cast, runtime_checkable
 from locks.errors import BackendUnavailable, LockError, LockNotOwned
 from locks.events import EventKind, emit, emit_broken
 from locks.forking import start_afresh_when_forked
-from locks.holds import abandoned
+from locks.holds import Copies
 from locks.names import check_acquire, check_name, check_seconds, check_ttl
 from locks.owner import acting_for, current_owner, in_this_process, new_token, who
 from locks.pending import Pending, PendingReleases
@@ -107,7 +106,7 @@ class _Grant:
     owner: str
     ttl: float  # the members' lease length
     leases: dict[str, Lease]  # member name -> its lease
-    made: weakref.ref[Lease] | None = None  # the quorum's lease, once made; see `locks.holds`
+    made: Copies | None = None  # the quorum's lease, once made; see `locks.holds`
     lock: threading.Lock = field(default_factory=threading.Lock)
     failures: dict[str, LockError] = field(default_factory=dict)  # the last renewal's
     limit: float | None = None  # no validity past this (a safe-mode chain's bound)
@@ -119,7 +118,7 @@ class _Grant:
     @property
     def lease(self) -> Lease | None:
         """The quorum's lease, while its holder keeps it."""
-        return None if self.made is None else self.made()
+        return None if self.made is None else self.made.get()
 
     def renew(self) -> float | None:
         return self.quorum._renew(self)
@@ -446,7 +445,7 @@ class Quorum(MakesLocks):
         depth = max(lease.depth for lease in granted.values())  # the members count levels
         lease = Lease(key, self.name, owner, new_token(), fence, ttl, depth, sent_at,
                       request.auto, state)  # fmt: skip
-        grant.made = weakref.ref(lease, abandoned(lease))
+        grant.made = Copies(lease)
         if request.auto:
             self._watchdog.watch(grant, sent_at + ttl / 3)
         return lease
@@ -583,7 +582,10 @@ class Quorum(MakesLocks):
         if new_ttl == lease.ttl:
             return lease
         grant.ttl = new_ttl
-        return dataclasses.replace(lease, ttl=new_ttl)
+        copy = dataclasses.replace(lease, ttl=new_ttl)
+        if grant.made is not None:
+            grant.made.add(copy)
+        return copy
 
     def _prolong(self, grant: _Grant, ttl: float) -> str:
         """Extend every member lease of `grant` to `ttl` from now: "held" (the validity

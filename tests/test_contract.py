@@ -271,6 +271,18 @@ def test_a_watchdog_lease_dropped_unreleased_stops_renewing_and_says_so(
         gc.collect()
     outer = provider.acquire(key + ":kept")
     assert outer is not None
+    # extend with a new ttl hands out a copy: keeping either one keeps the level live
+    # (found by the model: a copy kept, its original collected, read as dropped)
+    first = provider.acquire(key + ":copied")
+    assert first is not None
+    copy = provider.extend(first, 0.9)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        del first
+        gc.collect()
+    time.sleep(1.2)  # past the original's and the copy's ttl: still renewed
+    copy.check()
+    provider.release(copy)
     lease = provider.acquire(key)
     assert lease is not None
     with pytest.warns(ResourceWarning, match=f"{key!r}.*dropped without release"):
