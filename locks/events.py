@@ -89,9 +89,11 @@ def add_observer(observer: Observer) -> None:
 
 
 def remove_observer(observer: Observer) -> None:
+    """Remove `observer` (by equality: `events.append` is a new bound method each time
+    it is read, equal to the one added, never identical)."""
     global _observers
     with _observers_lock:
-        _observers = tuple(o for o in _observers if o is not observer)
+        _observers = tuple(o for o in _observers if o != observer)
 
 
 def emit(
