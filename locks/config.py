@@ -49,6 +49,7 @@ BUILT_IN_TYPES = {
     "redis-hash": "locks.backends.redis:RedisHashProvider",
     "zookeeper": "locks.backends.zookeeper:ZooKeeperProvider",
     "database": "locks.backends.database:DatabaseProvider",
+    "file": "locks.backends.file:FileProvider",
     "quorum": "locks.quorum:Quorum",  # its members are other backends, named
 }
 ENTRY_POINT_GROUP = "locks.backends"

@@ -11,6 +11,7 @@ import sqlalchemy as sa
 from locks import FallbackChain, LockProvider
 from locks.backends import (
     DatabaseProvider,
+    FileProvider,
     LocalProvider,
     RedisHashProvider,
     RedisProvider,
@@ -37,6 +38,8 @@ CLASSES: dict[str, type[ProviderBase]] = {
     "zookeeper": ZooKeeperProvider,
     "mariadb": DatabaseProvider,
     "sqlite": DatabaseProvider,
+    "postgresql": DatabaseProvider,
+    "file": FileProvider,
     # the topologies: one of each Redis type, so both scripts run on both
     "redis-sentinel": RedisHashProvider,
     "redis-cluster": RedisProvider,
@@ -51,6 +54,8 @@ SERVERS: dict[str, tuple[str, ...]] = {
     "zookeeper": ("zookeeper_server",),
     "mariadb": ("mariadb_server",),
     "sqlite": ("sqlite_file",),
+    "file": ("lock_directory",),
+    "postgresql": ("postgresql_server",),
     "chain": ("redis_server", "mariadb_server"),
     "redis-sentinel": ("sentinel_topology",),
     "redis-cluster": ("cluster_topology",),
@@ -64,6 +69,8 @@ DEAD_ADDRESS = {
     "zookeeper": "127.0.0.1:{port}",
     "mariadb": "mysql+pymysql://locks:pw@127.0.0.1:{port}/locks",
     "sqlite": "sqlite:////nonexistent-dir-{port}/locks.db",
+    "postgresql": "postgresql://locks:pw@127.0.0.1:{port}/locks",
+    "file": "/dev/null/locks-{port}",  # under a file: no directory can be made, even by root
     "chain": "redis://127.0.0.1:{port}/0|mysql+pymysql://locks:pw@127.0.0.1:{port}/locks",
     "redis-sentinel": "redis+sentinel://127.0.0.1:{port}/locks/0",
     "redis-cluster": "redis+cluster://127.0.0.1:{port}",
@@ -156,7 +163,9 @@ class Backend:
                 provider = RedisProvider(url)
                 provider.client.delete(f"locks:{{{redis_hash_tag(key)}}}")
                 provider.close()
-        elif self.kind in ("mariadb", "sqlite"):
+        elif self.kind == "file":  # an operator's `rm`: the name's file goes, fence and all
+            FileProvider(self.address).path_of(key).unlink()
+        elif self.kind in ("mariadb", "sqlite", "postgresql"):
             engine = sa.create_engine(self.address)
             with engine.begin() as conn:
                 conn.execute(sa.text("DELETE FROM locks WHERE name = :name"), {"name": key})

@@ -63,7 +63,8 @@ def test_a_switch_file_that_cannot_be_read_is_seen_not_to_be_obeyed(tmp_path: Pa
     fails the read the same way.)"""
     path = tmp_path / "switch.toml"
     events: list[Event] = []
-    add_observer(events.append)
+    observe = events.append  # one object: observers are removed by identity
+    add_observer(observe)
     switch = Switch(file=path, poll_interval=60, environ={})
     try:
         path.mkdir()
@@ -77,7 +78,7 @@ def test_a_switch_file_that_cannot_be_read_is_seen_not_to_be_obeyed(tmp_path: Pa
         switch.refresh()
         assert switch.problem is None and switch.state.forced == "db"
     finally:
-        remove_observer(events.append)
+        remove_observer(observe)
         switch.close()
 
 
@@ -92,7 +93,9 @@ def test_check_reports_a_config(
     config.write_text('[scenarios]\nx = { chain = ["nope"] }\n')
     assert main(["check", str(config)]) == 1
     assert "scenarios.x.chain[0]" in capsys.readouterr().err
-    config.write_text('[backends]\ndb = { type = "database", url = "mysql+mysqldb://u:hunter2@/x" }\n')
+    config.write_text(
+        '[backends]\ndb = { type = "database", url = "mysql+mysqldb://u:hunter2@/x" }\n'
+    )
     command = [sys.executable, "-m", "locks", "check", str(config)]
     done = subprocess.run(command, capture_output=True, text=True, check=False)
     assert done.returncode == 1, done.stderr
@@ -137,7 +140,7 @@ def test_demo_on_the_embedded_default_oversells_without_the_lock_and_never_with_
 ) -> None:
     monkeypatch.chdir(tmp_path)  # no ./locks.toml
     monkeypatch.delenv("LOCKS_CONFIG", raising=False)
-    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))  # the default's SQLite file
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))  # the default's per-user folder
     assert main(["demo", "--workers", "3", "--stock", "20", "--work", "20"]) == 0
     output = capsys.readouterr().out
     rows = demo_rows(output)
@@ -147,8 +150,8 @@ def test_demo_on_the_embedded_default_oversells_without_the_lock_and_never_with_
     served = rows["scenario demo"]["served"]
     if "redis" not in served:  # nothing listens on 6379 here: the demo says it degraded
         assert "redis" in output and "UNAVAILABLE" in output
-        assert re.fullmatch(r"db \d+", served)
-    assert (tmp_path / f"fallback-locks-{os.getuid()}" / "locks.sqlite").exists()
+        assert re.fullmatch(r"file \d+", served)
+    assert (tmp_path / f"fallback-locks-{os.getuid()}" / "locks").is_dir()  # the lock files
 
 
 def test_demo_moves_to_the_database_when_redis_is_killed_mid_run(
@@ -328,3 +331,81 @@ def test_demo_with_an_unknown_scenario_is_bad_usage(
                       '[scenarios]\nmine = { chain = ["local"] }\n')  # fmt: skip
     assert main(["demo", "--config", str(config), "--scenario", "nope"]) == 2
     assert "--scenario 'nope' is not configured" in capsys.readouterr().err
+
+
+# -- the embedded default, with nothing but the core install -----------------------------
+
+EXTRAS_CLIENTS = ("redis", "kazoo", "sqlalchemy")
+
+
+def core_only(folder: Path) -> dict[str, str]:
+    """The environment of a process (and of every process it starts) where the extras'
+    clients are not installed, as after `pip install fallback-locks` alone: a
+    `sitecustomize` first on the path marks them missing, so importing them fails and
+    `importlib.util.find_spec` finds nothing, as for a package that is not there."""
+    hide = folder / "core-only"
+    hide.mkdir()
+    (hide / "sitecustomize.py").write_text(
+        f"import sys\nsys.modules.update(dict.fromkeys({list(EXTRAS_CLIENTS)!r}))\n"
+    )
+    path = os.pathsep.join(p for p in (str(hide), os.environ.get("PYTHONPATH")) if p)
+    return {**no_config(folder), "PYTHONPATH": path}
+
+
+def no_config(folder: Path) -> dict[str, str]:
+    """No configuration anywhere (no $LOCKS_CONFIG, no switch settings; the command runs
+    in an empty directory) and a per-user folder private to the test ($TMPDIR)."""
+    unset = {"LOCKS_CONFIG", "LOCKS_SWITCH_FILE", "LOCKS_FORCE", "LOCKS_DISABLE"}
+    env = {k: v for k, v in os.environ.items() if k not in unset}
+    (folder / "tmp").mkdir(exist_ok=True)
+    return {**env, "TMPDIR": str(folder / "tmp")}
+
+
+def run_locks(
+    folder: Path, env: dict[str, str], *arguments: str
+) -> subprocess.CompletedProcess[str]:
+    """The installed `locks` script, run in `folder`."""
+    script = str(Path(sys.executable).with_name("locks"))
+    return subprocess.run([script, *arguments], capture_output=True, text=True, timeout=120,
+                          env=env, cwd=folder, check=False)  # fmt: skip
+
+
+def test_a_core_only_install_runs_the_demo_without_overselling(tmp_path: Path) -> None:
+    """Issue 14: with no extra installed, the embedded default kept only `local`, and the
+    demo's worker processes oversold under the lock. The file tier needs nothing more."""
+    env = core_only(tmp_path)
+    probe = "import importlib.util as u; print([u.find_spec(n) for n in {names!r}]); import {name}"
+    for name in EXTRAS_CLIENTS:
+        code = probe.format(names=EXTRAS_CLIENTS, name=name)
+        done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                              env=env, cwd=tmp_path, check=False)  # fmt: skip
+        assert done.stdout == "[None, None, None]\n", done.stderr
+        assert done.returncode == 1 and "ModuleNotFoundError" in done.stderr
+    done = run_locks(tmp_path, env, "demo", "--workers", "4", "--stock", "40", "--work", "5")
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "redis: left out, its client 'redis' is not installed" in done.stdout
+    rows = demo_rows(done.stdout)
+    assert int(rows["no lock"]["oversold"]) > 0  # the sellers do overlap
+    assert (rows["scenario demo"]["sold"], rows["scenario demo"]["oversold"]) == ("40", "0")
+    assert re.fullmatch(r"file 40", rows["scenario demo"]["served"])
+
+
+def test_the_switch_works_on_the_embedded_default(tmp_path: Path) -> None:
+    """Issue 14: the README's `locks switch disable redis`, with no configuration file."""
+    env = no_config(tmp_path)
+    switch = tmp_path / "tmp" / f"fallback-locks-{os.getuid()}" / "switch.toml"
+    done = run_locks(tmp_path, env, "switch", "disable", "redis")
+    assert done.returncode == 0, done.stderr
+    assert tomllib.loads(switch.read_text()) == {"disable": ["redis"]}
+    status = run_locks(tmp_path, env, "status")  # 1 where no Redis listens on 6379
+    assert status.returncode in (0, 1), status.stderr
+    assert "config: embedded default; switch: disable=redis (from file)" in status.stdout
+    assert re.search(r"^redis\s+redis-hash\s.*disabled \(file\)$", status.stdout, re.MULTILINE)
+    assert re.search(r"^file\s+file\s+yes\s.*-$", status.stdout, re.MULTILINE), status.stdout
+    assert run_locks(tmp_path, env, "switch", "disable", "redos").returncode == 2  # a typo
+    done = run_locks(tmp_path, env, "switch", "clear")
+    assert done.returncode == 0, done.stderr
+    assert not switch.exists()
+    status = run_locks(tmp_path, env, "status")
+    assert "switch: all backends allowed" in status.stdout
+    assert re.search(r"^redis\s+redis-hash\s.*\s-$", status.stdout, re.MULTILINE), status.stdout

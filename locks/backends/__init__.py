@@ -1,11 +1,13 @@
-"""Backends, one module each. Server clients are optional extras, so each backend is
-imported on first use: `import locks` never needs redis, kazoo or SQLAlchemy."""
+"""Backends, one module each. Server clients are optional extras, so each backend that
+needs one is imported on first use: `import locks` never needs redis, kazoo or
+SQLAlchemy. `local` and `file` need only the standard library."""
 
 from __future__ import annotations
 
 import importlib
 from typing import TYPE_CHECKING, Any
 
+from locks.backends.file import FileProvider
 from locks.backends.local import LocalProvider
 
 if TYPE_CHECKING:
@@ -15,6 +17,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "DatabaseProvider",
+    "FileProvider",
     "LocalProvider",
     "RedisHashProvider",
     "RedisProvider",

@@ -25,15 +25,20 @@ CONFIG_ENV = "LOCKS_CONFIG"
 DEFAULT_SCENARIO = "demo"
 
 # The embedded default, for a machine with no servers and no config: Redis where it
-# usually is, then a SQLite file every process on this machine shares, then this process.
+# usually is, then a directory of lock files every process of this user on this machine
+# shares (the standard library's: no extra needed), then this process. Its kill-switch
+# file is in the same per-user folder, so `locks switch` works with no config too.
 EMBEDDED_DEFAULT = """
 [backends]
 redis = {{ type = "redis-hash", url = "redis://127.0.0.1:6379/0" }}
-db    = {{ type = "database", url = "sqlite:///{sqlite}" }}
+file  = {{ type = "file", path = {locks} }}
 local = {{ type = "local" }}
 
 [scenarios]
-demo = {{ chain = ["redis", "db", "local"] }}
+demo = {{ chain = ["redis", "file", "local"] }}
+
+[switch]
+file = {switch}
 """
 
 # the client package each backend type needs (the extras of `pip install fallback-locks`)
@@ -88,22 +93,27 @@ def add_config_option(parser: argparse.ArgumentParser) -> None:
         "--config",
         metavar="FILE",
         help=f"a TOML configuration (default: ${CONFIG_ENV}, else ./locks.toml, else the "
-        "embedded default: redis -> SQLite file -> local)",
+        "embedded default: redis -> lock files -> local)",
     )
 
 
-def default_sqlite() -> Path:
-    """One SQLite file per user on this machine, so `demo`, `status` and `inspect` see
-    the same locks."""
+def default_folder() -> Path:
+    """One folder per user on this machine, for the embedded default: its lock files,
+    its switch file and its TOML, so `demo`, `status`, `inspect` and `switch` all see
+    the same locks and the same switch."""
     folder = Path(tempfile.gettempdir()) / f"fallback-locks-{os.getuid()}"
     folder.mkdir(mode=0o700, exist_ok=True)
-    return folder / "locks.sqlite"
+    return folder
 
 
 def embedded_default() -> tuple[str, list[str]]:
     """The default configuration's TOML, without the backends whose client package is
     not installed (with a note saying so)."""
-    data = tomllib.loads(EMBEDDED_DEFAULT.format(sqlite=default_sqlite()))
+    folder = default_folder()
+    paths = {"locks": folder / "locks", "switch": folder / "switch.toml"}
+    data = tomllib.loads(
+        EMBEDDED_DEFAULT.format(**{k: toml_string(str(p)) for k, p in paths.items()})
+    )
     notes = []
     for name, spec in list(data["backends"].items()):
         client = _CLIENTS.get(spec["type"])
@@ -115,7 +125,8 @@ def embedded_default() -> tuple[str, list[str]]:
     ]
     lines = ["[backends]"]
     lines += [f"{name} = {_inline(spec)}" for name, spec in data["backends"].items()]
-    lines += ["", "[scenarios]", f"{DEFAULT_SCENARIO} = {{ chain = {_inline(chain)} }}", ""]
+    lines += ["", "[scenarios]", f"{DEFAULT_SCENARIO} = {{ chain = {_inline(chain)} }}"]
+    lines += ["", "[switch]", f"file = {_inline(data['switch']['file'])}", ""]
     return "\n".join(lines), notes
 
 
@@ -151,7 +162,7 @@ def load(explicit: str | None) -> Loaded:
     if path is not None:
         return Loaded(from_config(path), str(path), path, [])
     text, notes = embedded_default()
-    written = default_sqlite().with_name("embedded.toml")
+    written = default_folder() / "embedded.toml"
     written.write_text(text)
     return Loaded(from_config(written), "embedded default", written, notes)
 

@@ -6,8 +6,9 @@ interleave. First they sell with no lock, and more items are sold than there wer
 each sale runs under the configured scenario's lock, and exactly M are sold. The demo
 shows which backend served each sale and how often the chain degraded.
 
-With no config and no servers it runs on the embedded default (redis -> a SQLite file ->
-local): Redis is absent, so the chain degrades to the SQLite file at once and says so.
+With no config and no servers it runs on the embedded default (redis -> a directory of
+lock files -> local): Redis is absent, so the chain degrades to the lock files at once and
+says so. They need no extra: a core install excludes across processes too.
 With the servers of compose/ up, `--config compose/locks.toml` uses Redis; kill Redis
 mid-run and watch the sales move to the next backend. Exit code 0 when the locked phase
 sold exactly the stock, 1 when it oversold (or a worker failed).

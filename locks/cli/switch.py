@@ -6,9 +6,10 @@
     locks switch show
 
 The file is the one `--file` names, else $LOCKS_SWITCH_FILE, else the configuration's
-`[switch] file`. It is written atomically (a temporary sibling, then a rename), so a
-watcher never reads half of it. When a configuration is found, the names are checked
-against its backends first.
+`[switch] file` (with no configuration: the embedded default's, in the per-user folder).
+It is written atomically (a temporary sibling, then a rename), so a watcher never reads
+half of it. The names are checked against the configuration's backends first (the
+embedded default's, unless --file or $LOCKS_SWITCH_FILE names a file for another one).
 """
 
 from __future__ import annotations
@@ -19,7 +20,13 @@ import tomllib
 from pathlib import Path
 from typing import Any
 
-from locks.cli.common import command, config_path, toml_string, write_atomically
+from locks.cli.common import (
+    command,
+    config_path,
+    embedded_default,
+    toml_string,
+    write_atomically,
+)
 from locks.errors import ConfigError
 from locks.names import check_name
 
@@ -41,26 +48,31 @@ def switch_file(args: argparse.Namespace) -> Path:
         return Path(args.file)
     if os.environ.get(SWITCH_FILE_ENV):
         return Path(os.environ[SWITCH_FILE_ENV])
-    config = config_path(args.config)
-    if config is not None:
-        try:
-            configured = tomllib.loads(config.read_text()).get("switch", {}).get("file")
-        except (OSError, tomllib.TOMLDecodeError) as exc:
-            raise ConfigError(f"cannot read config {str(config)!r}: {exc}") from exc
-        if configured:
-            return Path(configured)
+    configured = configuration(args).get("switch", {}).get("file")
+    if configured:
+        return Path(configured)
     raise ConfigError(
         f"no switch file: pass --file, set ${SWITCH_FILE_ENV}, or set [switch] file in the config"
     )
 
 
 def configured_backends(args: argparse.Namespace) -> list[str] | None:
-    """The backend names of the configuration, if one is found (read, not loaded)."""
+    """The backend names the switch file may name, if they are known: the configuration's,
+    or the embedded default's when its own switch file is the one written."""
+    config = config_path(args.config)
+    if config is None and (args.file or os.environ.get(SWITCH_FILE_ENV)):
+        return None  # a file for some application whose configuration is not here
+    return list(configuration(args).get("backends", {}))
+
+
+def configuration(args: argparse.Namespace) -> dict[str, Any]:
+    """The configuration the other commands would load, read (not loaded): the file, or
+    the embedded default, whose switch file is in the per-user folder."""
     config = config_path(args.config)
     if config is None:
-        return None
+        return tomllib.loads(embedded_default()[0])
     try:
-        return list(tomllib.loads(config.read_text()).get("backends", {}))
+        return tomllib.loads(config.read_text())
     except (OSError, tomllib.TOMLDecodeError) as exc:
         raise ConfigError(f"cannot read config {str(config)!r}: {exc}") from exc
 

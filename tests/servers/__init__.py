@@ -330,6 +330,19 @@ def sqlite_file(server_dir: Path) -> SQLiteFile:
     return SQLiteFile(server_dir / "locks.sqlite")
 
 
+class LockDirectory:
+    """The file backend's directory, shared by every process of a test."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.url = str(path)
+
+
+@pytest.fixture(scope="session")
+def lock_directory(server_dir: Path) -> LockDirectory:
+    return LockDirectory(server_dir / "file-locks")
+
+
 def _session_server(cls: Callable[[Path], S], name: str, server_dir: Path) -> Iterator[S]:
     """`cls` started in a work dir of its own for the session; stopped at its end, or
     as soon as its start fails, so that no process outlives the run."""
