@@ -170,6 +170,9 @@ CAMPAIGNS = {
     ),
     "zookeeper": Spec("zookeeper", ("zookeeper",), ("kill", "pause", "expire", "worker")),
     "mariadb": Spec("mariadb", ("mariadb",), ("kill", "pause", "worker", "stop")),
+    # PostgreSQL: the same faults; waiters are woken by NOTIFY through a listening
+    # connection that a kill or a pause breaks
+    "postgresql": Spec("postgresql", ("postgresql",), ("kill", "pause", "worker", "stop")),
     "safe-chain": Spec("safe-chain", ("redis-hash", "zookeeper"), ("kill", "worker")),
     # a quorum over five redis-servers: one or two members killed (they come back with
     # their data) or paused at a time, holders killed and stopped
@@ -627,6 +630,14 @@ def leftovers(spec: Spec, servers: dict[str, Any]) -> Iterator[tuple[str, str]]:
         for name in rows.splitlines():
             if name.startswith("c:"):
                 yield "database row", name
+    if "postgresql" in servers:
+        rows = servers["postgresql"].sql(
+            "SELECT name FROM locks WHERE expires_at > "
+            "CAST(EXTRACT(EPOCH FROM clock_timestamp()) * 1000000 AS BIGINT)"
+        )
+        for name in rows.splitlines():
+            if name.startswith("c:"):
+                yield "database row", name
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -639,6 +650,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", default=None)
     args = parser.parse_args(argv)
     from tests.servers import MariaDBServer, RedisServer, ZooKeeperServer  # noqa: PLC0415
+    from tests.servers.postgresql import PostgreSQLServer  # noqa: PLC0415
     from tests.servers.redis_masters import RedisMasters  # noqa: PLC0415
     from tests.servers.redis_topologies import SentinelTopology  # noqa: PLC0415
 
@@ -655,6 +667,7 @@ def main(argv: list[str] | None = None) -> int:
         "redis-hash": lambda path: started_at(path, RedisServer(path)),
         "zookeeper": lambda path: started_at(path, ZooKeeperServer(path)),
         "mariadb": lambda path: started_at(path, MariaDBServer(path)),
+        "postgresql": lambda path: started_at(path, PostgreSQLServer(path)),
         "redis-sentinel": lambda path: PrimaryOf(started_at(path, SentinelTopology(path))),
         "redis-quorum": lambda path: MembersOf(started_at(path, RedisMasters(path))),
     }  # fmt: skip
