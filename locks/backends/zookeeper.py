@@ -40,7 +40,7 @@ from kazoo.protocol.paths import _prefix_root
 from kazoo.protocol.serialization import Create2
 from kazoo.protocol.states import EventType, KazooState
 from kazoo.retry import KazooRetry
-from kazoo.security import OPEN_ACL_UNSAFE
+from kazoo.security import ACL, OPEN_ACL_UNSAFE, make_digest_acl
 
 from locks.base import Grant, ProviderBase
 from locks.errors import BackendError, BackendUnavailable, LockError
@@ -100,8 +100,26 @@ class ZooKeeperProvider(ProviderBase):
         connect_timeout: float = 1.0,
         request_timeout: float = 1.0,
         watchdog_ttl: float = 30.0,
+        username: str | None = None,
+        password: str | None = None,
     ) -> None:
+        """`username` and `password`: authenticate with digest and give every node this
+        provider creates an ACL that admits only that identity (lock parents: create,
+        delete, read; lock nodes: read), so no other client of the ensemble can delete
+        a holder's node or queue in front of it. Without them, nodes are open to every
+        client (ZooKeeper's `world:anyone`). With a `client` passed in, its own
+        `auth_data` must hold the same identity."""
         super().__init__(name, watchdog_ttl)
+        if (username is None) != (password is None):
+            raise ValueError("username and password: give both, or neither")
+        if username is not None and (not isinstance(username, str) or not username
+                                     or ":" in username):  # fmt: skip
+            raise ValueError(f"username must be a non-empty str without ':', got {username!r}")
+        if password is not None and not isinstance(password, str):
+            raise ValueError("password must be a str")
+        self.username = username
+        self._password = password
+        self._parent_acl, self._node_acl = _acls(username, password)
         self.root = check_zookeeper_path(root, "root")
         self.connect_timeout = check_seconds(connect_timeout, "connect_timeout")
         self.request_timeout = check_seconds(request_timeout, "request_timeout")
@@ -134,7 +152,9 @@ class ZooKeeperProvider(ProviderBase):
                 hosts=hosts,
                 timeout=self._session_timeout,
                 connection_retry=KazooRetry(max_tries=-1, delay=0.05, backoff=2, max_delay=pause),
-            )
+                auth_data=None if self.username is None
+                else [("digest", f"{self.username}:{self._password}")],
+            )  # fmt: skip
         except (ValueError, KazooException) as exc:
             raise ValueError(f"hosts {hosts!r} is not a ZooKeeper connect string: {exc}") from exc
 
@@ -171,6 +191,9 @@ class ZooKeeperProvider(ProviderBase):
 
     def _domain(self) -> Hashable:
         return ("zookeeper", self.address, self.root)
+
+    def _secret(self) -> str | None:
+        return self._password
 
     # -- connection and errors ----------------------------------------------------------
 
@@ -348,8 +371,8 @@ class ZooKeeperProvider(ProviderBase):
         for _ in range(3):
             with self._translated(ambiguous=True, key=key, token=token):
                 created = self.client.create_async(
-                    f"{parent}/{token}-", owner.encode(), ephemeral=True, sequence=True,
-                    include_data=True,
+                    f"{parent}/{token}-", owner.encode(), acl=self._node_acl, ephemeral=True,
+                    sequence=True, include_data=True,
                 )  # fmt: skip
                 listed = self.client.get_children_async(parent)
                 try:
@@ -372,7 +395,7 @@ class ZooKeeperProvider(ProviderBase):
 
     def _create_parent(self, parent: str) -> None:
         request = _CreateContainer(
-            _prefix_root(self.client.chroot, parent), b"", OPEN_ACL_UNSAFE, 4
+            _prefix_root(self.client.chroot, parent), b"", self._parent_acl, 4
         )
         result = self.client.handler.async_result()
         with self._translated():
@@ -382,7 +405,7 @@ class ZooKeeperProvider(ProviderBase):
             except NodeExistsError:
                 pass
             except NoNodeError:  # the root itself is missing
-                self._get(self.client.ensure_path_async(self.root))
+                self._get(self.client.ensure_path_async(self.root, acl=self._parent_acl))
                 self._create_parent(parent)
 
     def _wait_turn(
@@ -573,6 +596,16 @@ class ZooKeeperProvider(ProviderBase):
         if self._owns_client and self._started is not None:
             self.client.stop()
             self.client.close()
+
+
+def _acls(username: str | None, password: str | None) -> tuple[list[ACL], list[ACL]]:
+    """The ACLs of lock parents and of lock nodes. ZooKeeper's ACLs are per node and not
+    inherited: creating or deleting a child needs CREATE or DELETE on its parent, so
+    every node is given its own, never kazoo's open default."""
+    if username is None or password is None:
+        return list(OPEN_ACL_UNSAFE), list(OPEN_ACL_UNSAFE)
+    parent = make_digest_acl(username, password, read=True, create=True, delete=True)
+    return [parent], [make_digest_acl(username, password, read=True)]
 
 
 def _queue(children: list[str]) -> list[str]:
