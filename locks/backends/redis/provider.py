@@ -42,8 +42,10 @@ _UNAVAILABLE = (
 # derives from ConnectionError: it is sorted first), NOPERM.
 _DENIED = (errors.AuthenticationError, errors.AuthorizationError, errors.NoPermissionError,
            errors.AuthenticationWrongNumberOfArgsError)  # fmt: skip
-# inside a script, a command the ACL forbids fails with a plain error carrying this text
-_SCRIPT_DENIED = "can't run this command"
+# inside a script, a command the ACL forbids fails with a plain error carrying one of
+# these texts (Redis 7.0: "The user executing the script can't run this command", 7.2
+# and later: "ACL failure in script")
+_SCRIPT_DENIED = ("can't run this command", "ACL failure in script")
 
 
 @dataclass(frozen=True, slots=True)
@@ -150,7 +152,7 @@ class _RedisProviderBase(ProviderBase):
         return ("redis", self.topology.domain(), self.prefix)
 
     def _classify(self, error: BaseException) -> type[BackendUnavailable] | type[BackendError]:
-        if isinstance(error, errors.ResponseError) and _SCRIPT_DENIED in str(error):
+        if isinstance(error, errors.ResponseError) and any(t in str(error) for t in _SCRIPT_DENIED):
             return AccessDenied
         return super()._classify(error)
 
