@@ -19,6 +19,7 @@ from locks import Event, EventKind, Switch, add_observer, from_config, remove_ob
 from locks.cli import main
 from tests.ports import free_port
 from tests.servers import MariaDBServer, RedisServer
+from tests.servers.postgresql import PostgreSQLServer
 
 DEAD_SQLITE = "sqlite:////nonexistent-dir/locks.db"
 
@@ -248,6 +249,31 @@ def test_db_init_creates_the_table_once_and_refuses_what_is_not_a_database(
     assert main(["db", "init", "--config", str(config), "--backend", "nope"]) == 1
     dead = write_config(tmp_path, f'db = {{ type = "database", url = "{DEAD_SQLITE}" }}', '["db"]')
     assert main(["db", "init", "--config", str(dead)]) == 3
+
+
+def test_db_init_print_sql_prints_each_servers_ddl_and_creates_nothing(
+    tmp_path: Path,
+    mariadb_server: MariaDBServer,
+    postgresql_server: PostgreSQLServer,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """For a migration run by the table's owner: the lock user then needs DML only."""
+    table = f"t{uuid.uuid4().hex[:12]}"
+    config = write_config(
+        tmp_path,
+        f'maria = {{ type = "database", url = "{mariadb_server.url.replace("+pymysql", "")}", '
+        f'table = "{table}" }}\n'
+        f'pg = {{ type = "database", url = "{postgresql_server.url}", table = "{table}" }}\n'
+        f'down = {{ type = "database", url = "mariadb://u:pw@127.0.0.1:{free_port()}/x" }}',
+        '["maria", "pg"]',
+    )
+    assert main(["db", "init", "--print-sql", "--config", str(config)]) == 0
+    out = capsys.readouterr().out
+    assert f"-- maria: {mariadb_server.address}\nCREATE TABLE {table}" in out
+    assert "utf8mb4_nopad_bin" in out  # a mysql:// URL, yet the server said MariaDB
+    assert f"-- pg: {postgresql_server.address}\nCREATE TABLE {table}" in out
+    assert "(not reached: compiled from the URL alone)" in out  # `down`, from mariadb://
+    assert mariadb_server.sql(f"SHOW TABLES FROM locks LIKE '{table}'") == ""  # nothing made
 
 
 def test_switch_finds_its_file_in_the_config(tmp_path: Path) -> None:

@@ -382,6 +382,13 @@ class DatabaseProvider(ProviderBase):
             mysql_charset="utf8mb4",
         )
 
+    def ddl(self) -> str:
+        """The statement that creates the lock table, for a migration run by its owner
+        (the lock user then needs no CREATE). On a `mysql://` URL the collation depends
+        on the server being MySQL or MariaDB, which SQLAlchemy learns on the first
+        connection: `ping()` first where the server is reachable."""
+        return str(CreateTable(self.table()).compile(self.engine)).strip()
+
     def create_table(self) -> None:
         """Create the lock table if it does not exist. Needs the CREATE privilege only
         when it is missing: a user with DML rights alone passes once the table is there."""
