@@ -40,6 +40,9 @@ CLASSES: dict[str, type[ProviderBase]] = {
     "sqlite": DatabaseProvider,
     "postgresql": DatabaseProvider,
     "file": FileProvider,
+    # as an ACL user granted exactly `acl_rule()`, on the session's Redis
+    "redis-acl": RedisProvider,
+    "redis-hash-acl": RedisHashProvider,
     # the topologies: one of each Redis type, so both scripts run on both
     "redis-sentinel": RedisHashProvider,
     "redis-cluster": RedisProvider,
@@ -55,6 +58,8 @@ SERVERS: dict[str, tuple[str, ...]] = {
     "mariadb": ("mariadb_server",),
     "sqlite": ("sqlite_file",),
     "file": ("lock_directory",),
+    "redis-acl": ("redis_least_privilege",),
+    "redis-hash-acl": ("redis_least_privilege",),
     "postgresql": ("postgresql_server",),
     "chain": ("redis_server", "mariadb_server"),
     "redis-sentinel": ("sentinel_topology",),
@@ -66,6 +71,8 @@ SERVERS: dict[str, tuple[str, ...]] = {
 DEAD_ADDRESS = {
     "redis": "redis://127.0.0.1:{port}/0",
     "redis-hash": "redis://127.0.0.1:{port}/0",
+    "redis-acl": "redis://locks-least:least-pw@127.0.0.1:{port}/0",
+    "redis-hash-acl": "redis://locks-least:least-pw@127.0.0.1:{port}/0",
     "zookeeper": "127.0.0.1:{port}",
     "mariadb": "mysql+pymysql://locks:pw@127.0.0.1:{port}/locks",
     "sqlite": "sqlite:////nonexistent-dir-{port}/locks.db",

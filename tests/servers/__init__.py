@@ -161,6 +161,29 @@ class RedisServer(ServerProcess):
         return _answers(self.port, b"PING\r\n", b"+PONG")
 
 
+class LeastPrivileged:
+    """An ACL user of the session's Redis with exactly `acl_rule()`: what the docs tell
+    operators to grant, proven by running the contract suite as it."""
+
+    user = "locks-least"
+    password = "least-pw"
+
+    def __init__(self, server: RedisServer) -> None:
+        import redis  # noqa: PLC0415 - only these tests need it
+
+        from locks.backends.redis.scripts import acl_rule  # noqa: PLC0415
+
+        with redis.Redis.from_url(server.url) as admin:
+            admin.execute_command("ACL", "SETUSER", self.user, "reset",
+                                  *acl_rule().split(), f">{self.password}")  # fmt: skip
+        self.url = server.url.replace("redis://", f"redis://{self.user}:{self.password}@")
+
+
+@pytest.fixture
+def redis_least_privilege(redis_server: RedisServer) -> LeastPrivileged:
+    return LeastPrivileged(redis_server)
+
+
 @contextmanager
 def wrong_password(url: str, user: str = "locks-wrongpass") -> Iterator[str]:
     """`url` for an ACL user of that server whose password it gets wrong: the server

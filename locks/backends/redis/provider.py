@@ -42,10 +42,11 @@ _UNAVAILABLE = (
 # derives from ConnectionError: it is sorted first), NOPERM.
 _DENIED = (errors.AuthenticationError, errors.AuthorizationError, errors.NoPermissionError,
            errors.AuthenticationWrongNumberOfArgsError)  # fmt: skip
-# inside a script, a command the ACL forbids fails with a plain error carrying one of
-# these texts (Redis 7.0: "The user executing the script can't run this command", 7.2
-# and later: "ACL failure in script")
-_SCRIPT_DENIED = ("can't run this command", "ACL failure in script")
+# inside a script, a command, key or channel the ACL forbids fails with a plain error
+# (no NOPERM) carrying one of these texts: Redis 7.0 "The user executing the script
+# can't run this command / publish to the channel / access at least one of the keys",
+# 7.2 and later "ACL failure in script"
+_SCRIPT_DENIED = ("The user executing the script can't", "ACL failure in script")
 
 
 @dataclass(frozen=True, slots=True)

@@ -24,6 +24,7 @@ clock, and a re-seeded counter starts above every fence handed out before.
 from __future__ import annotations
 
 import hashlib
+import re
 from typing import Any
 
 from redis.exceptions import NoScriptError
@@ -193,3 +194,28 @@ class Script:
             pipe.execute_command("EVALSHA", self.sha, len(keys), *keys, *args)
         else:
             pipe.execute_command("EVAL", self.source, len(keys), *keys, *args)
+
+
+SCRIPTS = (PLAIN_ACQUIRE, PLAIN_RELEASE, PLAIN_EXTEND, HASH_ACQUIRE, HASH_RELEASE, HASH_EXTEND,
+           RAISE_FENCE, READ_HOLDER, BREAK)  # fmt: skip
+# what a provider sends itself: scripts by SHA (EVAL after NOSCRIPT), its ping, and the
+# subscriber's wake-up channels
+_DIRECT = ("evalsha", "eval", "ping", "subscribe", "unsubscribe")
+
+
+def acl_rule(
+    prefix: str = "locks", *, db: int = 0, sync_replicas: bool = False, aof: bool = False
+) -> str:
+    """The least an ACL user needs to run the Redis backends under `prefix`, for
+    `ACL SETUSER <name> <rule> ><password>`: its keys and channels only, and only the
+    commands sent and the ones the scripts run (Redis checks each `redis.call` against
+    the caller's ACL). Read from the scripts themselves, so it cannot fall behind them.
+    `db`: SELECT for a database other than 0; `sync_replicas`: WAIT (WAITAOF with
+    `aof`). Redis 7 needs the channel pattern: its default is no channel at all."""
+    inside = {name.lower() for script in SCRIPTS
+              for name in re.findall(r"redis\.p?call\('([A-Z]+)'", script)}  # fmt: skip
+    commands = [*_DIRECT, *sorted(inside)]
+    commands += ["select"] if db else []
+    commands += (["waitaof"] if aof else ["wait"]) if sync_replicas else []
+    allowed = " ".join(f"+{command}" for command in commands)
+    return f"on ~{prefix}:* resetchannels &{prefix}:* -@all {allowed}"
