@@ -336,7 +336,7 @@ class ProviderBase(MakesLocks, ABC):
         emit(EventKind.EXTENDED, self.name, lease.key, lease)
         if new_ttl == lease.ttl:
             return lease
-        copy = dataclasses.replace(lease, ttl=new_ttl)
+        copy = lease.copy(new_ttl)
         with hold.lock:
             hold.copied(copy)
         return copy

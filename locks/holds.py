@@ -22,7 +22,6 @@ names the key. The grant's identity (`anchor`) is a copy the hold keeps for itse
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 import threading
 import warnings
@@ -92,7 +91,7 @@ class Hold:
 
     def __init__(self, provider: ProviderBase, first: Lease, valid_until: float | None) -> None:
         self.provider = provider  # the object that made the grant: its connection serves it
-        self.anchor = dataclasses.replace(first)  # not `first`: the holder may drop that
+        self.anchor = first.copy()  # not `first`: the holder may drop that
         self._levels = [Copies(first)]
         # when the server may give the key away, as far as this process can tell (sent
         # time of the last request that set the expiry, plus its ttl); None: no expiry

@@ -131,6 +131,13 @@ class Lease:
     def lost(self) -> bool:
         return self.state.lost
 
+    def copy(self, ttl: float | None = None) -> Lease:
+        """The same lease (sharing its state) as another object, with `ttl` if given:
+        positional construction, several times cheaper than `dataclasses.replace`."""
+        return Lease(self.key, self.backend, self.owner, self.token, self.fence,
+                     self.ttl if ttl is None else ttl, self.depth, self.acquired_at,
+                     self.auto_renew, self.state)  # fmt: skip
+
     @property
     def valid_until(self) -> float | None:
         """Monotonic time after which the backend may hand the lock to someone else."""

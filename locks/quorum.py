@@ -33,7 +33,6 @@ set while n - quorum of them are down is not fenced (its fences are 0).
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import random
 import threading
 import time
@@ -582,7 +581,7 @@ class Quorum(MakesLocks):
         if new_ttl == lease.ttl:
             return lease
         grant.ttl = new_ttl
-        copy = dataclasses.replace(lease, ttl=new_ttl)
+        copy = lease.copy(new_ttl)
         if grant.made is not None:
             grant.made.add(copy)
         return copy
