@@ -622,22 +622,17 @@ def leftovers(spec: Spec, servers: dict[str, Any]) -> Iterator[tuple[str, str]]:
                     yield "zookeeper node", f"/locks/{parent}/{child}"
         zk.stop()
         zk.close()
-    if "mariadb" in servers:
-        rows = servers["mariadb"].sql(
-            "SELECT name FROM locks.locks WHERE expires_at > "
-            "TIMESTAMPDIFF(MICROSECOND, '1970-01-01 00:00:00', UTC_TIMESTAMP(6))"
-        )
-        for name in rows.splitlines():
-            if name.startswith("c:"):
-                yield "database row", name
-    if "postgresql" in servers:
-        rows = servers["postgresql"].sql(
-            "SELECT name FROM locks WHERE expires_at > "
-            "CAST(EXTRACT(EPOCH FROM clock_timestamp()) * 1000000 AS BIGINT)"
-        )
-        for name in rows.splitlines():
-            if name.startswith("c:"):
-                yield "database row", name
+    live_rows = {  # each database's rows whose lease has not run out, by its own clock
+        "mariadb": "SELECT name FROM locks.locks WHERE expires_at > "
+        "TIMESTAMPDIFF(MICROSECOND, '1970-01-01 00:00:00', UTC_TIMESTAMP(6))",
+        "postgresql": "SELECT name FROM locks WHERE expires_at > "
+        "CAST(EXTRACT(EPOCH FROM clock_timestamp()) * 1000000 AS BIGINT)",
+    }
+    for kind, query in live_rows.items():
+        if kind in servers:
+            for name in servers[kind].sql(query).splitlines():
+                if name.startswith("c:"):
+                    yield "database row", name
 
 
 def main(argv: list[str] | None = None) -> int:
