@@ -220,10 +220,12 @@ def test_a_hung_database_never_delays_a_healthy_redis_lease_or_a_loss(
     def note(lease: Lease) -> None:
         lost_at[lease.key] = time.monotonic()
 
+    held = []  # kept: a watchdog lease nobody references is let go (docs/semantics.md)
     for n in range(5):
         lease = db.acquire(f"{key}:db:{n}", on_lost=note)
         assert lease is not None and lease.valid_until is not None
         valid_until[lease.key] = lease.valid_until
+        held.append(lease)
     redis_lease = fast.acquire(key, on_lost=note)
     assert redis_lease is not None
     mariadb_server.pause()
