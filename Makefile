@@ -49,6 +49,7 @@ bench: $(VENV)/.installed servers
 	$(BIN)/python -m benchmarks.redis
 	$(BIN)/python -m benchmarks.zookeeper
 	$(BIN)/python -m benchmarks.database
+	$(BIN)/python -m benchmarks.postgresql
 	$(BIN)/python -m benchmarks.chain
 	$(BIN)/python -m benchmarks.failover
 

@@ -11,8 +11,9 @@ section of each benchmark; all that have one if no NAME is given) and links each
 its section: for a table written by a run that drew no image, and to redraw after a
 change to the plots. Failover timelines need the run's raw samples: only
 `python -m benchmarks.failover` draws those. `benchmarks.topologies` and
-`benchmarks.quorum` keep their raw results in docs/img/<X>.json, and their images are
-redrawn from those files.
+`benchmarks.quorum`, and since they report more than a contender table holds,
+`benchmarks.database` and `benchmarks.postgresql`, keep their raw results in
+docs/img/<X>.json, and their images are redrawn from those files.
 
 matplotlib is imported inside the drawing functions only.
 """
@@ -43,6 +44,8 @@ ALL_OURS = {"chain"}
 TOPOLOGIES_RESULTS = IMAGES / "topologies.json"
 # benchmarks.quorum's raw results, likewise
 QUORUM_RESULTS = IMAGES / "quorum.json"
+# benchmarks.database's and benchmarks.postgresql's, likewise
+DATABASE_RESULTS = {name: IMAGES / f"{name}.json" for name in ("database", "postgresql")}
 
 _LINK = re.compile(r"^!\[[^\]]*\]\((img/[^)\s]+\.png)\)\s*$")
 _SECTION = re.compile(r"^## (?P<title>.+) \((?P<stamp>\d{4}-\d\d-\d\d \d\d:\d\d UTC)\)\s*$")
@@ -396,6 +399,148 @@ def load_quorum(results: Path = QUORUM_RESULTS) -> QuorumResults:
     return cast(QuorumResults, _results(results, "quorum"))
 
 
+class DatabaseRow(TypedDict):
+    """One contender of `benchmarks.database` or `benchmarks.postgresql`; None (or
+    empty) where it was not measured."""
+
+    name: str
+    ours: bool
+    cycles_per_second: float | None  # uncontended, the median round
+    handoff_ms: float | None  # between two threads of one process, median
+    process_handoffs_ms: list[float]  # to a waiter in another process, every sample
+    contended_grants_per_second: float | None  # N threads of one process on one key
+    contended_p50_ms: float | None  # their acquires, from call to return
+    contended_p99_ms: float | None
+    waiting_queries_per_second: dict[str, float]  # by waiting threads ("1", "8")
+    waiting_by_counter: dict[str, dict[str, float]]  # the same, per server counter
+    waiting_connections: dict[str, int]  # server connections the waiting process held
+
+
+class DatabaseResults(TypedDict):
+    """docs/img/database.json, docs/img/postgresql.json."""
+
+    title: str
+    stamp: str
+    command: str
+    seconds: float
+    settings: dict[str, Any]
+    rows: list[DatabaseRow]
+
+
+def median_p90(samples: Sequence[float]) -> tuple[float, float]:
+    """The median and the 90th percentile (linear between order statistics)."""
+    if len(samples) == 1:
+        return samples[0], samples[0]
+    return statistics.median(samples), statistics.quantiles(samples, n=10, method="inclusive")[8]
+
+
+def load_database(name: str) -> DatabaseResults:
+    return cast(DatabaseResults, _results(DATABASE_RESULTS[name], name))
+
+
+def draw_database(
+    name: str, title: str, rows: Sequence[DatabaseRow], path: Path | None = None
+) -> Path:
+    """docs/img/<name>.png: per contender, uncontended cycles/s; hand-off to another
+    process (median bar, p90 mark); and, where measured, N threads on one key (grants/s,
+    p99 noted) and the queries/s a waiting process sends (one bar per crowd)."""
+    path = path or IMAGES / f"{name}.png"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    colours = [OURS_COLOUR if r["ours"] else PEER_COLOUR for r in rows]
+    panels = [_cycles_panel, _handoff_panel]
+    if any(r["contended_grants_per_second"] is not None for r in rows):
+        panels.append(_contended_panel)
+    if any(r["waiting_queries_per_second"] for r in rows):
+        panels.append(_waiting_panel)
+    figure = _figure(4.2 * len(panels) + 2.5, 2.0 + 0.5 * len(rows))
+    axes_row = figure.subplots(1, len(panels), sharey=True)
+    ys = list(range(len(rows)))
+    axes_row[0].set_yticks(ys, [r["name"] for r in rows])
+    axes_row[0].invert_yaxis()  # the table's order, top to bottom
+    for panel, axes in zip(panels, axes_row, strict=True):
+        panel(axes, rows, colours)
+        axes.grid(axis="x", alpha=0.3)
+
+    from matplotlib.patches import Patch  # noqa: PLC0415
+
+    if any(r["ours"] for r in rows) and not all(r["ours"] for r in rows):
+        figure.legend(
+            handles=[Patch(color=OURS_COLOUR), Patch(color=PEER_COLOUR)],
+            labels=["fallback-locks", "peer library or bare driver"],
+            loc="outside lower center",
+            ncols=2,
+            fontsize=8,
+        )
+    figure.suptitle(title, fontsize=10)
+    figure.savefig(path, dpi=100)
+    return path
+
+
+def _not_measured(axes: Any, values: Sequence[object], at: float) -> None:
+    for y, value in enumerate(values):
+        if value is None:
+            axes.annotate(" — (not measured)", (at, y), va="center", fontsize=8)
+
+
+def _cycles_panel(axes: Any, rows: Sequence[DatabaseRow], colours: Sequence[str]) -> None:
+    rates = [r["cycles_per_second"] for r in rows]
+    axes.barh(range(len(rows)), [rate or 0 for rate in rates], color=colours)  # linear: ratios
+    for y, rate in enumerate(rates):
+        if rate is not None:
+            axes.annotate(f" {rate:,.0f}", (rate, y), va="center", fontsize=8)
+    _not_measured(axes, rates, 0)
+    axes.set_xlim(0, max((r for r in rates if r), default=1.0) * 1.3)
+    axes.set_xlabel("uncontended acquire + release, cycles/s\n(higher is better)")
+
+
+def _handoff_panel(axes: Any, rows: Sequence[DatabaseRow], colours: Sequence[str]) -> None:
+    spreads = [median_p90(r["process_handoffs_ms"]) if r["process_handoffs_ms"] else None
+               for r in rows]  # fmt: skip
+    shown = [value for spread in spreads if spread for value in spread]
+    low = _bar_scale(axes, shown, "hand-off to another process, ms:\nmedian bar, p90 mark")
+    for y, (spread, colour) in enumerate(zip(spreads, colours, strict=True)):
+        if spread is not None:
+            median, p90 = spread
+            axes.barh(y, median - low, left=low, color=colour)
+            axes.scatter([p90], [y], marker="|", s=120, color="#d62728", zorder=3)
+            axes.annotate(f" {median:.2f} / {p90:.2f}", (p90, y), va="center", fontsize=8)
+    _not_measured(axes, spreads, low)
+
+
+def _contended_panel(axes: Any, rows: Sequence[DatabaseRow], colours: Sequence[str]) -> None:
+    grants = [r["contended_grants_per_second"] for r in rows]
+    axes.barh(range(len(rows)), [g or 0 for g in grants], color=colours)
+    for y, r in enumerate(rows):
+        rate = r["contended_grants_per_second"]
+        if rate is not None:
+            p99 = r["contended_p99_ms"] or 0.0
+            axes.annotate(f" {rate:,.0f}/s, p99 {p99:.1f} ms", (rate, y), va="center",
+                          fontsize=8)  # fmt: skip
+    _not_measured(axes, grants, 0)
+    axes.set_xlim(0, max((g for g in grants if g), default=1.0) * 1.7)
+    axes.set_xlabel("8 threads of one process on one key, grants/s\n"
+                    "(higher is better; acquire p99 noted)")  # fmt: skip
+
+
+def _waiting_panel(axes: Any, rows: Sequence[DatabaseRow], colours: Sequence[str]) -> None:
+    crowds = sorted({c for r in rows for c in r["waiting_queries_per_second"]}, key=int)
+    height = 0.8 / len(crowds)
+    top = max((q for r in rows for q in r["waiting_queries_per_second"].values()), default=1.0)
+    for index, crowd in enumerate(crowds):
+        offset = (index - (len(crowds) - 1) / 2) * height
+        for y, (r, colour) in enumerate(zip(rows, colours, strict=True)):
+            qps = r["waiting_queries_per_second"].get(crowd)
+            if qps is not None:
+                axes.barh(y + offset, qps, height * 0.9, color=colour,
+                          alpha=1.0 if index == 0 else 0.55)  # fmt: skip
+                axes.annotate(f" {qps:.1f} ({crowd} waiting)", (qps, y + offset),
+                              va="center", fontsize=7)  # fmt: skip
+    _not_measured(axes, [r["waiting_queries_per_second"] or None for r in rows], 0)
+    axes.set_xlim(0, max(top, 1.0) * 1.7)
+    axes.set_xlabel("statements/s from one waiting process\n"
+                    "(INSERT+UPDATE+DELETE+SELECT; lower is better)")  # fmt: skip
+
+
 # -- docs/benchmarks.md ------------------------------------------------------------------
 
 
@@ -495,6 +640,14 @@ def redraw(names: Sequence[str], report: Path = REPORT) -> list[Path]:
                 print(f"{QUORUM_RESULTS} is of the run at {quorum['stamp']}, "
                       f"not of the newest section ({section.stamp})", file=sys.stderr)  # fmt: skip
             image = draw_quorum(f"{quorum['title']} ({quorum['stamp']})", quorum["rows"])
+        elif name in DATABASE_RESULTS and DATABASE_RESULTS[name].exists():  # likewise
+            database = load_database(name)
+            if database["stamp"] != section.stamp:
+                print(f"{DATABASE_RESULTS[name]} is of the run at {database['stamp']}, "
+                      f"not of the newest section ({section.stamp})", file=sys.stderr)  # fmt: skip
+            image = draw_database(
+                name, f"{database['title']} ({database['stamp']})", database["rows"]
+            )
         else:
             results = parse_results(name, body)
             if not results:
