@@ -494,7 +494,7 @@ class DatabaseProvider(ProviderBase):
             notified = self._notices is not None and self._notices.listen()
             while True:
                 if waiter.first:  # one asks per key and process; the rest wait their turn
-                    grant = self._take(params, key, token)
+                    grant = self._take(params, key, token, row_seen=True)
                     if grant is not None:
                         return grant
                     pause = self._pause(key, notified)
@@ -517,18 +517,24 @@ class DatabaseProvider(ProviderBase):
         left = _NUDGE if holder is None or holder.expires_in is None else holder.expires_in
         return min(max(left, 0.0) + 0.001, _NUDGE)
 
-    def _take(self, params: dict[str, Any], key: str, token: str) -> Grant | None:
-        """One try: the grant if this owner holds the lock now, else None."""
+    def _take(
+        self, params: dict[str, Any], key: str, token: str, *, row_seen: bool = False
+    ) -> Grant | None:
+        """One try: the grant if this owner holds the lock now, else None. `row_seen`: a
+        try found the row held a moment ago, so the upsert goes alone (it inserts a
+        missing row too): a waiter's poll is one statement, not two."""
         sent_at = time.monotonic()
-        try:
-            _, fence, row = self._run(
-                self._insert_sql, params, ambiguous=True, key=key, token=token
-            )
-        except self._duplicate_key:  # MySQL: a row is there
-            fence, row = 0, None
-        else:
-            if self._mysql:
-                return Grant(token, fence, 1, sent_at)  # LAST_INSERT_ID: the new row's fence
+        fence, row = 0, None
+        if not row_seen:
+            try:
+                _, fence, row = self._run(
+                    self._insert_sql, params, ambiguous=True, key=key, token=token
+                )
+            except self._duplicate_key:  # MySQL: a row is there
+                fence, row = 0, None
+            else:
+                if self._mysql:
+                    return Grant(token, fence, 1, sent_at)  # LAST_INSERT_ID: the new row's
         if row is None:
             _, fence, row = self._run(
                 self._upsert_sql, params, ambiguous=True, key=key, token=token

@@ -8,8 +8,11 @@ deadline here, and a thread shuts down the socket of one still running past it: 
 driver's read then fails at once ("server closed the connection"), which is an outage
 like any other (`BackendUnavailable`), and the connection is discarded.
 
-A statement costs two dictionary operations and one uncontended lock; the thread sleeps
-while nothing runs, and wakes at the earliest deadline while something does.
+A statement costs two dictionary operations and two uncontended locks, and never wakes
+the thread: it looks every quarter of the timeout (a deadline is set that much early,
+so a frozen call still ends within one timeout), and ends after a minute with nothing
+to watch. Waking it on every statement cost a context switch per statement: ~30 µs of
+a 290 µs PostgreSQL cycle.
 """
 
 from __future__ import annotations
@@ -22,17 +25,20 @@ from typing import Any
 
 from locks.forking import start_afresh_when_forked
 
+_IDLE_END = 60.0  # seconds with nothing to watch before the thread ends
+
 
 class Deadlines:
     def __init__(self, timeout: float, name: str) -> None:
         self.timeout = timeout
         self.name = name
+        self._look_every = timeout / 4
         self._reset()
         start_afresh_when_forked(self)
 
     def _reset(self) -> None:
         self._lock = threading.Lock()
-        self._wake = threading.Condition(self._lock)
+        self._closed = threading.Event()  # never set: the thread's interruptible sleep
         self._running: dict[int, tuple[float, int]] = {}  # ticket -> (deadline, fd)
         self._tickets = itertools.count()
         self._thread: threading.Thread | None = None
@@ -43,14 +49,12 @@ class Deadlines:
     def start(self, connection: Any) -> int:
         """A statement on `connection` begins: its ticket, for `stop`."""
         ticket = next(self._tickets)
-        entry = (time.monotonic() + self.timeout, connection.fileno())
+        entry = (time.monotonic() + self.timeout - self._look_every, connection.fileno())
         with self._lock:
             self._running[ticket] = entry
             if self._thread is None:
                 self._thread = threading.Thread(target=self._run, name=self.name, daemon=True)
                 self._thread.start()
-            elif len(self._running) == 1:
-                self._wake.notify()
         return ticket
 
     def stop(self, ticket: int) -> None:
@@ -60,19 +64,19 @@ class Deadlines:
             self._running.pop(ticket, None)
 
     def _run(self) -> None:
-        with self._lock:
-            while True:
-                if not self._running:
-                    self._wake.wait()
-                    continue
-                now = time.monotonic()
+        idle_since = time.monotonic()
+        while True:
+            self._closed.wait(self._look_every)
+            now = time.monotonic()
+            with self._lock:
                 overdue = [t for t, (deadline, _) in self._running.items() if deadline <= now]
                 for ticket in overdue:
-                    _, fd = self._running.pop(ticket)
-                    _shut_down(fd)
+                    _shut_down(self._running.pop(ticket)[1])
                 if self._running:
-                    earliest = min(deadline for deadline, _ in self._running.values())
-                    self._wake.wait(max(earliest - now, 0.001))
+                    idle_since = now
+                elif now - idle_since > _IDLE_END:
+                    self._thread = None  # the next statement starts another
+                    return
 
 
 def _shut_down(fd: int) -> None:
