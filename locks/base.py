@@ -30,6 +30,7 @@ from locks.provider import (
     check_mine,
     hold_of,
 )
+from locks.tls import tls_refused
 from locks.watchdog import Watchdog, mark_lost
 
 P = ParamSpec("P")
@@ -577,8 +578,10 @@ class ProviderBase(MakesLocks, ABC):
         return [secret] if secret else []
 
     def _classify(self, error: BaseException) -> type[BackendUnavailable] | type[BackendError]:
-        """Which of our errors a driver's error becomes."""
-        if isinstance(error, self.denied_errors):
+        """Which of our errors a driver's error becomes. A TLS refusal (another CA,
+        another host name, a certificate refused) is a misconfiguration, whatever error
+        the driver wraps it in."""
+        if isinstance(error, self.denied_errors) or tls_refused(error):
             return AccessDenied
         if isinstance(error, self.unavailable_errors):
             return BackendUnavailable

@@ -40,9 +40,12 @@ CLASSES: dict[str, type[ProviderBase]] = {
     "sqlite": DatabaseProvider,
     "postgresql": DatabaseProvider,
     "file": FileProvider,
-    # as an ACL user granted exactly `acl_rule()`, on the session's Redis
+    # as the least-privileged users docs/security.md grants (tests/servers/least_privilege.py)
     "redis-acl": RedisProvider,
     "redis-hash-acl": RedisHashProvider,
+    "mariadb-least": DatabaseProvider,
+    "postgresql-least": DatabaseProvider,
+    "zookeeper-digest": ZooKeeperProvider,
     # the topologies: one of each Redis type, so both scripts run on both
     "redis-sentinel": RedisHashProvider,
     "redis-cluster": RedisProvider,
@@ -60,6 +63,9 @@ SERVERS: dict[str, tuple[str, ...]] = {
     "file": ("lock_directory",),
     "redis-acl": ("redis_least_privilege",),
     "redis-hash-acl": ("redis_least_privilege",),
+    "mariadb-least": ("mariadb_least_privilege",),
+    "postgresql-least": ("postgresql_least_privilege",),
+    "zookeeper-digest": ("zookeeper_digest",),
     "postgresql": ("postgresql_server",),
     "chain": ("redis_server", "mariadb_server"),
     "redis-sentinel": ("sentinel_topology",),
@@ -73,6 +79,9 @@ DEAD_ADDRESS = {
     "redis-hash": "redis://127.0.0.1:{port}/0",
     "redis-acl": "redis://locks-least:least-pw@127.0.0.1:{port}/0",
     "redis-hash-acl": "redis://locks-least:least-pw@127.0.0.1:{port}/0",
+    "mariadb-least": "mysql+pymysql://locks_dml:dml-pw@127.0.0.1:{port}/locks",
+    "postgresql-least": "postgresql://locks_dml:dml-pw@127.0.0.1:{port}/locks",
+    "zookeeper-digest": "locker:digest-pw@127.0.0.1:{port}",
     "zookeeper": "127.0.0.1:{port}",
     "mariadb": "mysql+pymysql://locks:pw@127.0.0.1:{port}/locks",
     "sqlite": "sqlite:////nonexistent-dir-{port}/locks.db",
@@ -107,6 +116,13 @@ def kinds(*, topologies: bool = True, **required: bool) -> list[str]:
 def make_provider(kind: str, address: str | None, **options: Any) -> LockProvider:
     if kind == "zookeeper-short-session":  # a holder whose death is noticed within 1 s
         return ZooKeeperProvider(address or "", session_timeout=1.0)
+    if kind == "zookeeper-digest":  # username:password@hosts, under a root of its own
+        credentials, hosts = (address or "@").rsplit("@", 1)
+        username, password = credentials.split(":", 1)
+        return ZooKeeperProvider(hosts, username=username, password=password,
+                                 root="/locks-digest", **options)  # fmt: skip
+    if kind in ("mariadb-least", "postgresql-least"):  # no CREATE: the table is made
+        return DatabaseProvider(address or "", create_table=False, **options)
     if kind == "chain":
         redis_url, database_url = (address or "|").split("|")
         return FallbackChain(
@@ -172,7 +188,7 @@ class Backend:
                 provider.close()
         elif self.kind == "file":  # an operator's `rm`: the name's file goes, fence and all
             FileProvider(self.address).path_of(key).unlink()
-        elif self.kind in ("mariadb", "sqlite", "postgresql"):
+        elif self.kind in ("mariadb", "sqlite", "postgresql", "mariadb-least", "postgresql-least"):
             engine = sa.create_engine(self.address)
             with engine.begin() as conn:
                 conn.execute(sa.text("DELETE FROM locks WHERE name = :name"), {"name": key})

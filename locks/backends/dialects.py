@@ -9,6 +9,7 @@ they differ by family only: `mysql` (MySQL and MariaDB), `postgresql`, `sqlite`.
 from __future__ import annotations
 
 import importlib.util
+import os
 import re
 from typing import Any
 
@@ -65,6 +66,7 @@ _PG_REFUSED = re.compile(
     r"|database \".*\" does not exist|permission denied for database"
     r"|no password supplied|certificate verify failed|does not match host name"
     r"|root certificate file|server does not support SSL|SSL error"
+    r"|connection requires a valid client certificate"
 )
 # A server that refuses to write because it is read-only: an outage of this tier (a
 # replica, a standby, a primary being demoted), never a data error. MySQL/MariaDB 1290
@@ -129,12 +131,55 @@ def connect_args(
         # a hung server holds a statement (and the handshake) this long, no longer
         args.setdefault("read_timeout", socket_timeout)
         args.setdefault("write_timeout", socket_timeout)
+        if driver == "pymysql":
+            _pymysql_tls(url, args)
     elif name == "postgresql" and driver in ("psycopg", "psycopg2"):
         args.setdefault("connect_timeout", max(1, round(connect_timeout)))
+        # a CA given means TLS verified in full: libpq's default (`prefer`) would take
+        # plaintext, and nothing short of verify-full checks the host name
+        asked = {**url.query, **given}
+        if "sslrootcert" in asked and "sslmode" not in asked and "PGSSLMODE" not in os.environ:
+            args["sslmode"] = "verify-full"
     elif name == "sqlite":
         # the file lock is the server here: waited for no longer than a reply elsewhere
         args.setdefault("timeout", socket_timeout)
     return args
+
+
+# PyMySQL's TLS options in a URL: SQLAlchemy folds these into the `ssl` dict, which
+# verifies the chain and the host name
+_URL_TLS = ("ssl_ca", "ssl_cert", "ssl_key", "ssl_capath", "ssl_cipher", "ssl_check_hostname")
+# PyMySQL's own TLS arguments: given any of them, it ignores that `ssl` dict
+_PYMYSQL_TLS = ("ssl_ca", "ssl_cert", "ssl_key", "ssl_key_password", "ssl_verify_cert",
+                "ssl_verify_identity")  # fmt: skip
+# PyMySQL's switches, read for their truth: a URL passes each as a non-empty string,
+# true whatever it says (`?ssl_disabled=false` turns TLS off)
+_PYMYSQL_SWITCHES = ("ssl_disabled", "ssl_verify_cert", "ssl_verify_identity")
+
+
+def _pymysql_tls(url: sa.engine.URL, args: dict[str, Any]) -> None:
+    """TLS asked for in `args` (PyMySQL's `ssl_ca`, `ssl_cert` or `ssl_key`) verifies the
+    chain and the host name unless `args` says otherwise: alone, PyMySQL's `ssl_ca`
+    verifies nothing. A switch written as a string, and TLS options in both the URL and
+    `args` (PyMySQL would drop the URL's CA), are refused."""
+    for switch in _PYMYSQL_SWITCHES:
+        if switch in url.query or isinstance(args.get(switch), str):
+            where = "the url" if switch in url.query else "connect_args"
+            raise ValueError(
+                f"{switch} in {where}: PyMySQL reads any string as true ({switch}=false "
+                f"would mean true); give {switch} = true or false in connect_args"
+            )
+    in_url = [option for option in _URL_TLS if option in url.query]
+    in_args = [option for option in _PYMYSQL_TLS if option in args]
+    if in_url and in_args:
+        raise ValueError(
+            f"TLS options in both the url ({', '.join(in_url)}) and connect_args "
+            f"({', '.join(in_args)}): PyMySQL would ignore the url's; give them in one place"
+        )
+    if any(args.get(option) for option in ("ssl_ca", "ssl_cert", "ssl_key")):
+        args.setdefault("ssl_verify_cert", True)
+        if args["ssl_verify_cert"]:  # PyMySQL would verify the chain for the host name
+            args.setdefault("ssl_verify_identity", True)
 
 
 def redacted(url: str) -> str:

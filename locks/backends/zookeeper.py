@@ -16,7 +16,10 @@ until it has (docs/topologies/zookeeper-ensemble.md has the windows measured).
 from __future__ import annotations
 
 import contextlib
+import inspect
 import logging
+import os
+import ssl
 import threading
 import time
 from collections.abc import Hashable
@@ -43,11 +46,12 @@ from kazoo.retry import KazooRetry
 from kazoo.security import ACL, OPEN_ACL_UNSAFE, make_digest_acl
 
 from locks.base import Grant, ProviderBase
-from locks.errors import BackendError, BackendUnavailable, LockError
+from locks.errors import AccessDenied, BackendError, BackendUnavailable, ConfigError, LockError
 from locks.forking import start_afresh_when_forked
 from locks.holds import Hold
 from locks.names import check_seconds, check_zookeeper_path, zookeeper_node_name
 from locks.provider import Capabilities, Holder, Lease
+from locks.tls import handshake_refusal
 
 logger = logging.getLogger("locks")
 
@@ -61,6 +65,8 @@ _UNAVAILABLE = (
 )
 _SEQUENCE_DIGITS = 10  # ZooKeeper appends a 10-digit counter to sequential nodes
 _RECHECK = 1.0  # a waiter re-reads the queue at least this often, whatever its watch does
+# while kazoo cannot connect over TLS, a handshake of our own tells why at most this often
+_TLS_PROBE_EVERY = 1.0
 
 
 class _CreateContainer(Create2):  # type: ignore[misc]
@@ -102,14 +108,27 @@ class ZooKeeperProvider(ProviderBase):
         watchdog_ttl: float = 30.0,
         username: str | None = None,
         password: str | None = None,
+        tls_ca: str | os.PathLike[str] | None = None,
+        tls_cert: str | os.PathLike[str] | None = None,
+        tls_key: str | os.PathLike[str] | None = None,
+        tls_check_hostname: bool = True,
     ) -> None:
         """`username` and `password`: authenticate with digest and give every node this
         provider creates an ACL that admits only that identity (lock parents: create,
         delete, read; lock nodes: read), so no other client of the ensemble can delete
         a holder's node or queue in front of it. Without them, nodes are open to every
         client (ZooKeeper's `world:anyone`). With a `client` passed in, its own
-        `auth_data` must hold the same identity."""
+        `auth_data` must hold the same identity.
+
+        `tls_ca` (a PEM file of CAs), `tls_cert` and `tls_key` (a client certificate and
+        its key, both or neither): connect over TLS (to the servers' `secureClientPort`),
+        verifying the chain and, unless `tls_check_hostname` is False, that the
+        certificate names the host as written in `hosts`. A certificate that does not
+        verify, or a server that refuses ours, is `AccessDenied`."""
         super().__init__(name, watchdog_ttl)
+        self._tls = _tls_options(tls_ca, tls_cert, tls_key, tls_check_hostname)
+        if client is not None and self._tls:
+            raise ValueError("tls_*: configure TLS on the KazooClient passed in, not here")
         if (username is None) != (password is None):
             raise ValueError("username and password: give both, or neither")
         if username is not None and (not isinstance(username, str) or not username
@@ -154,6 +173,7 @@ class ZooKeeperProvider(ProviderBase):
                 connection_retry=KazooRetry(max_tries=-1, delay=0.05, backoff=2, max_delay=pause),
                 auth_data=None if self.username is None
                 else [("digest", f"{self.username}:{self._password}")],
+                **self._tls,
             )  # fmt: skip
         except (ValueError, KazooException) as exc:
             raise ValueError(f"hosts {hosts!r} is not a ZooKeeper connect string: {exc}") from exc
@@ -177,6 +197,11 @@ class ZooKeeperProvider(ProviderBase):
         self._leftovers: set[tuple[str, str]] = set()
         self._suspended_since: float | None = None
         self._forked_client = False
+        # the last handshake of our own while kazoo could not connect over TLS: when,
+        # and what refused us (None: nothing did)
+        self._tls_probe = threading.Lock()
+        self._tls_probed_at: float | None = None
+        self._tls_refusal: tuple[str, ssl.SSLError] | None = None
 
     def after_fork_in_child(self) -> None:
         # kazoo's threads are gone here and its socket is the parent's session: a child
@@ -219,7 +244,58 @@ class ZooKeeperProvider(ProviderBase):
             if left > 0:
                 started.wait(left)
         if self.client.state != KazooState.CONNECTED:
+            if self.client.use_ssl:
+                self._check_tls()
             raise self._unavailable(ConnectionLoss(f"session is {self.client.state}"))
+
+    def _check_tls(self) -> None:
+        """Raise `AccessDenied` if TLS refused us. kazoo retries a handshake that failed
+        as if the server were down, and its caller sees a connection time-out either
+        way: one handshake of our own, with the client's settings, to the first host
+        that takes a connection tells a certificate that does not verify, or a server
+        refusing ours, from an outage. Only while not connected, at most once a second
+        (calls meanwhile get the last verdict), within `connect_timeout`."""
+        now = time.monotonic()
+        probed_at = self._tls_probed_at
+        if (probed_at is None or now - probed_at >= _TLS_PROBE_EVERY) and (
+            self._tls_probe.acquire(blocking=False)
+        ):
+            try:
+                self._tls_refusal = handshake_refusal(
+                    self.client.hosts, self._tls_context(), self.connect_timeout
+                )
+                self._tls_probed_at = time.monotonic()
+            finally:
+                self._tls_probe.release()
+        refusal = self._tls_refusal
+        if refusal is not None:
+            address, error = refusal
+            raise AccessDenied(
+                f"{self._where()} refused TLS at {address}: {self._detail(error)} "
+                "(check tls_ca, tls_cert, tls_key and the host names in hosts)",
+                backend=self.name, address=self.address,
+            ) from error  # fmt: skip
+
+    def _tls_context(self) -> ssl.SSLContext:
+        """The context kazoo builds for each connection (`create_tcp_connection`), from
+        the client's settings: the system's CAs are trusted too."""
+        client = self.client
+        context = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
+        context.load_default_certs(ssl.Purpose.SERVER_AUTH)
+        context.check_hostname = bool(getattr(client, "check_hostname", False))  # kazoo>=2.11
+        context.verify_mode = ssl.CERT_REQUIRED if client.verify_certs else ssl.CERT_NONE
+        try:
+            if client.ca:
+                context.load_verify_locations(client.ca)
+            if client.certfile and client.keyfile:
+                context.load_cert_chain(client.certfile, client.keyfile,
+                                        password=client.keyfile_password)  # fmt: skip
+        except OSError as error:  # a file missing or unreadable, a key not the cert's
+            raise BackendError(
+                f"{self._where()}: cannot load its TLS files: {self._detail(error)}",
+                backend=self.name, address=self.address,
+            ) from error  # fmt: skip
+        return context
 
     def _get(self, async_result: Any) -> Any:
         return async_result.get(timeout=self.request_timeout)
@@ -596,6 +672,37 @@ class ZooKeeperProvider(ProviderBase):
         if self._owns_client and self._started is not None:
             self.client.stop()
             self.client.close()
+
+
+def _tls_options(
+    ca: str | os.PathLike[str] | None,
+    cert: str | os.PathLike[str] | None,
+    key: str | os.PathLike[str] | None,
+    check_hostname: bool,
+) -> dict[str, Any]:
+    """kazoo's TLS arguments (none without TLS): checked, verifying by default."""
+    paths: dict[str, str | None] = {}
+    for option, value in (("tls_ca", ca), ("tls_cert", cert), ("tls_key", key)):
+        if value is not None and not isinstance(value, (str, os.PathLike)):
+            raise TypeError(f"{option} must be a path, not {type(value).__name__}")
+        path = None if value is None else os.fspath(value)
+        if path == "":
+            raise ValueError(f"{option} must be a path, not empty")
+        paths[option] = path
+    if not isinstance(check_hostname, bool):
+        raise TypeError(f"tls_check_hostname must be true or false, got {check_hostname!r}")
+    if (paths["tls_cert"] is None) != (paths["tls_key"] is None):
+        raise ValueError("tls_cert and tls_key: give both, or neither")
+    if paths["tls_ca"] is None and paths["tls_cert"] is None:
+        if not check_hostname:
+            raise ValueError("tls_check_hostname is for TLS: give tls_ca (or tls_cert)")
+        return {}
+    if "check_hostname" not in inspect.signature(KazooClient).parameters:
+        raise ConfigError("tls_*: TLS needs kazoo>=2.11 (before, kazoo never checks the host "
+                          "name): pip install 'kazoo>=2.11'")  # fmt: skip
+    return {"use_ssl": True, "ca": paths["tls_ca"], "certfile": paths["tls_cert"],
+            "keyfile": paths["tls_key"], "verify_certs": True,
+            "check_hostname": check_hostname}  # fmt: skip
 
 
 def _acls(username: str | None, password: str | None) -> tuple[list[ACL], list[ACL]]:

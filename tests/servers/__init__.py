@@ -31,6 +31,9 @@ pytest_plugins = [
     "tests.servers.mariadb_replica",
     "tests.servers.redis_masters",
     "tests.servers.postgresql",
+    "tests.servers.least_privilege",
+    "tests.tls",
+    "tests.servers.tls_servers",
 ]
 
 INSTALL_HINT = (
@@ -159,29 +162,6 @@ class RedisServer(ServerProcess):
 
     def ready(self) -> bool:
         return _answers(self.port, b"PING\r\n", b"+PONG")
-
-
-class LeastPrivileged:
-    """An ACL user of the session's Redis with exactly `acl_rule()`: what the docs tell
-    operators to grant, proven by running the contract suite as it."""
-
-    user = "locks-least"
-    password = "least-pw"
-
-    def __init__(self, server: RedisServer) -> None:
-        import redis  # noqa: PLC0415 - only these tests need it
-
-        from locks.backends.redis.scripts import acl_rule  # noqa: PLC0415
-
-        with redis.Redis.from_url(server.url) as admin:
-            admin.execute_command("ACL", "SETUSER", self.user, "reset",
-                                  *acl_rule().split(), f">{self.password}")  # fmt: skip
-        self.url = server.url.replace("redis://", f"redis://{self.user}:{self.password}@")
-
-
-@pytest.fixture
-def redis_least_privilege(redis_server: RedisServer) -> LeastPrivileged:
-    return LeastPrivileged(redis_server)
 
 
 @contextmanager

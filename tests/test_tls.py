@@ -1,0 +1,570 @@
+"""TLS on every backend, against real TLS servers (issue 18): a verified connection
+locks; a certificate from another CA, a certificate for another host and a missing
+client certificate are misconfiguration, `AccessDenied`, never degraded past; a server
+that is down is `BackendUnavailable` and degrades, TLS or not.
+
+Where a driver cannot tell a TLS mismatch from an outage, the test asserts what it does
+and says so (docs/security.md has the table):
+
+- Redis (redis-py): a missing client certificate (TLS 1.3: our side of the handshake
+  ends first) is the server's alert at our first read, `AccessDenied`, or, as often,
+  an EOF at our first write, a race; a plaintext client on the TLS port (a reset) and a
+  TLS client on a plaintext port (a handshake time-out) look like a server going away:
+  `BackendUnavailable`.
+- ZooKeeper (kazoo): every TLS failure is a connect time-out; the provider's own
+  handshake tells the certificate failures apart. A plaintext client on the TLS port
+  and a TLS client on the plaintext port end in the server closing the connection:
+  `BackendUnavailable`.
+- PostgreSQL (libpq): a missing client certificate is the server's FATAL "connection
+  requires a valid client certificate" (no SQLSTATE), read as a refusal by its text.
+"""
+
+from __future__ import annotations
+
+import ssl
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from locks import AccessDenied, BackendUnavailable, FallbackChain, LockProvider, from_config
+from locks.backends import (
+    DatabaseProvider,
+    LocalProvider,
+    RedisHashProvider,
+    RedisProvider,
+    ZooKeeperProvider,
+)
+from locks.backends.dialects import connect_args, database_url
+from locks.tls import tls_refused
+from tests.servers import MariaDBServer, ZooKeeperServer
+from tests.servers.postgresql import PostgreSQLServer
+from tests.servers.tls_servers import (
+    CERT_PASSWORD,
+    TLSMariaDBServer,
+    TLSPostgreSQLServer,
+    TLSRedisServer,
+    TLSZooKeeperServer,
+)
+from tests.tls import CLIENT_CN, PKI
+
+Make = Callable[[], LockProvider]
+
+
+def locks(make: Make, key: str) -> None:
+    """A verified TLS connection: acquire, then release."""
+    provider = make()
+    try:
+        lease = provider.acquire(key, ttl=30, wait=0)
+        assert lease is not None
+        provider.release(lease)
+        assert not provider.is_held(lease)
+    finally:
+        provider.close()
+
+
+def refused(make: Make, key: str, *secrets: str) -> AccessDenied:
+    """`AccessDenied` from the backend, and from a chain over it with `local` below:
+    never granted by the next tier."""
+    provider = make()
+    chain = FallbackChain([make(), LocalProvider()], name="chain")
+    try:
+        with pytest.raises(AccessDenied) as denied:
+            provider.acquire(key, ttl=30, wait=0)
+        with pytest.raises(AccessDenied):
+            chain.acquire(key + ":chain", ttl=30, wait=0)
+        for secret in secrets:
+            assert secret not in str(denied.value)
+        return denied.value
+    finally:
+        provider.close()
+        for tier in chain.tiers.values():
+            tier.close()
+
+
+def unavailable(make: Make, key: str) -> BackendUnavailable:
+    """`BackendUnavailable` from the backend, and a chain over it degrades to `local`."""
+    provider = make()
+    chain = FallbackChain([make(), LocalProvider()], name="chain")
+    try:
+        with pytest.raises(BackendUnavailable) as raised:
+            provider.acquire(key, ttl=30, wait=0)
+        lease = chain.acquire(key + ":chain", ttl=30, wait=0)
+        assert lease is not None and lease.backend == "local"
+        chain.release(lease)
+        return raised.value
+    finally:
+        provider.close()
+        for tier in chain.tiers.values():
+            tier.close()
+
+
+# -- tls_refused: what only misconfiguration causes -----------------------------------
+
+
+def _raised_from(cause: BaseException) -> BaseException:
+    """A driver's error raised while handling `cause`, as redis-py and PyMySQL do."""
+    try:
+        try:
+            raise cause
+        except OSError:
+            raise ConnectionError("Error 1 connecting") from None
+    except ConnectionError as error:
+        error.__context__ = cause
+        return error
+
+
+def _ssl_error(reason: str, cls: type[ssl.SSLError] = ssl.SSLError) -> ssl.SSLError:
+    error = cls(1, f"[SSL: {reason}] {reason.lower()}")
+    error.reason = reason
+    return error
+
+
+@pytest.mark.parametrize(
+    "reason",
+    ["TLSV1_ALERT_UNKNOWN_CA", "SSLV3_ALERT_BAD_CERTIFICATE", "WRONG_VERSION_NUMBER",
+     "TLSV13_ALERT_CERTIFICATE_REQUIRED", "CERTIFICATE_VERIFY_FAILED"],
+)  # fmt: skip
+def test_a_refusing_handshake_is_misconfiguration(reason: str) -> None:
+    assert tls_refused(_ssl_error(reason))
+    assert tls_refused(_raised_from(_ssl_error(reason)))
+
+
+def test_a_certificate_that_does_not_verify_is_misconfiguration() -> None:
+    error = ssl.SSLCertVerificationError(1, "certificate verify failed")
+    assert tls_refused(_raised_from(error))
+    outer = RuntimeError("wrapped")
+    outer.__cause__ = _raised_from(error)
+    assert tls_refused(outer)
+
+
+@pytest.mark.parametrize(
+    "error",
+    [
+        _ssl_error("UNEXPECTED_EOF_WHILE_READING", ssl.SSLEOFError),
+        ssl.SSLZeroReturnError(6, "TLS/SSL connection has been closed"),
+        ConnectionResetError(104, "Connection reset by peer"),
+        ConnectionRefusedError(111, "Connection refused"),
+        TimeoutError("_ssl.c:989: The handshake operation timed out"),
+        _ssl_error("SOMETHING_ELSE"),
+    ],
+)
+def test_what_a_dying_server_also_causes_is_never_misconfiguration(error: OSError) -> None:
+    assert not tls_refused(error)
+    assert not tls_refused(_raised_from(error))
+
+
+def test_a_looping_chain_of_errors_ends() -> None:
+    first, second = ValueError("a"), ValueError("b")
+    first.__context__, second.__context__ = second, first
+    assert not tls_refused(first)
+
+
+# -- Redis: rediss://, redis-py verifies the chain and the host name by default ----------
+
+
+@pytest.mark.parametrize("cls", [RedisProvider, RedisHashProvider])
+def test_redis_over_verified_tls_locks(
+    redis_tls: TLSRedisServer, key: str, cls: type[RedisProvider]
+) -> None:
+    locks(lambda: cls(redis_tls.tls_url(), name="redis"), key)
+    locks(lambda: cls(redis_tls.tls_url(host="localhost"), name="redis"), key)
+
+
+def test_redis_with_another_ca_is_denied(redis_tls: TLSRedisServer, pki: PKI, key: str) -> None:
+    denied = refused(lambda: RedisProvider(redis_tls.tls_url(ca=pki.other_ca), name="redis"),
+                     key)  # fmt: skip
+    assert redis_tls.tls_address in str(denied)
+    assert isinstance(denied.__cause__, Exception) and tls_refused(denied.__cause__)
+
+
+def test_redis_with_another_host_name_is_denied(
+    redis_tls_wronghost: TLSRedisServer, key: str
+) -> None:
+    denied = refused(lambda: RedisProvider(redis_tls_wronghost.tls_url(), name="redis"), key)
+    assert "mismatch" in str(denied)
+
+
+def test_redis_without_a_client_certificate_is_denied_or_looks_like_an_outage(
+    redis_tls: TLSRedisServer, key: str
+) -> None:
+    """`tls-auth-clients yes` and no certificate: the server refuses it after our side
+    of the TLS 1.3 handshake is done, and redis-py meets either its alert (at the first
+    read: `AccessDenied`) or, when the server has closed before redis-py's first write
+    (`HELLO`), an EOF (`SSLEOFError`), which a dying server causes too: that one
+    degrades. Which of the two is a race (about half each here)."""
+    seen = set()
+    for attempt in range(20):
+        provider = RedisProvider(redis_tls.tls_url(client=False), name="redis")
+        try:
+            with pytest.raises((AccessDenied, BackendUnavailable)) as raised:
+                provider.acquire(f"{key}:{attempt}", ttl=30, wait=0)
+        finally:
+            provider.close()
+        cause = raised.value.__cause__
+        assert cause is not None
+        if tls_refused(cause):
+            assert isinstance(raised.value, AccessDenied)
+            assert "CERTIFICATE_REQUIRED" in str(raised.value)
+            seen.add("denied")
+        else:
+            assert type(raised.value) is BackendUnavailable
+            assert "EOF" in str(raised.value)
+            seen.add("unavailable")
+    assert seen  # every attempt was one of the two
+
+
+def test_redis_plaintext_against_the_tls_port_looks_like_an_outage(
+    redis_tls: TLSRedisServer, key: str
+) -> None:
+    """The server resets a connection that does not start a handshake: a reset."""
+    unavailable(lambda: RedisProvider(f"redis://{redis_tls.tls_address}/0", name="redis"), key)
+
+
+def test_redis_tls_against_a_plaintext_port_looks_like_an_outage(
+    redis_tls: TLSRedisServer, key: str
+) -> None:
+    """A plaintext Redis waits for a command's end in the ClientHello: the handshake
+    times out (`connect_timeout`), as against a server that hangs."""
+    url = redis_tls.tls_url().replace(f":{redis_tls.tls_port}/", f":{redis_tls.port}/")
+    unavailable(lambda: RedisProvider(url, name="redis"), key)
+
+
+def test_redis_tls_server_down_degrades(redis_tls: TLSRedisServer, key: str) -> None:
+    redis_tls.kill()
+    unavailable(lambda: RedisProvider(redis_tls.tls_url(), name="redis"), key)
+
+
+# -- ZooKeeper: tls_ca, tls_cert, tls_key; a handshake of our own tells why ---------------
+
+
+def zookeeper(server: TLSZooKeeperServer, pki: PKI, **options: Any) -> Make:
+    settings: dict[str, Any] = {
+        "tls_ca": pki.ca, "tls_cert": pki.client.cert, "tls_key": pki.client.key,
+        "connect_timeout": 1.0, "session_timeout": 4.0, "root": "/tls", **options,
+    }  # fmt: skip
+    hosts = settings.pop("hosts", server.tls_address)
+    return lambda: ZooKeeperProvider(hosts, name="zk", **settings)
+
+
+def test_zookeeper_over_verified_tls_locks(
+    zookeeper_tls: TLSZooKeeperServer, pki: PKI, key: str
+) -> None:
+    locks(zookeeper(zookeeper_tls, pki), key)
+    locks(zookeeper(zookeeper_tls, pki, hosts=f"localhost:{zookeeper_tls.secure_port}"), key)
+
+
+def test_zookeeper_tls_from_the_toml_keys(
+    zookeeper_tls: TLSZooKeeperServer, pki: PKI, key: str, tmp_path: Path
+) -> None:
+    config = tmp_path / "locks.toml"
+    config.write_text(
+        "[backends]\n"
+        f'zk = {{ type = "zookeeper", hosts = "{zookeeper_tls.tls_address}", '
+        f'tls_ca = "{pki.ca}", tls_cert = "{pki.client.cert}", tls_key = "{pki.client.key}", '
+        "tls_check_hostname = true }\n"
+    )
+    registry = from_config(config)
+    provider = registry.backend("zk")
+    assert isinstance(provider, ZooKeeperProvider)
+    assert provider.client.use_ssl and provider.client.check_hostname
+    locks(lambda: provider, key)
+
+
+def test_zookeeper_with_another_ca_is_denied(
+    zookeeper_tls: TLSZooKeeperServer, pki: PKI, key: str
+) -> None:
+    denied = refused(zookeeper(zookeeper_tls, pki, tls_ca=pki.other_ca), key)
+    assert zookeeper_tls.tls_address in str(denied) and "CERTIFICATE_VERIFY_FAILED" in str(denied)
+    assert isinstance(denied.__cause__, ssl.SSLCertVerificationError)
+
+
+def test_zookeeper_with_another_host_name_is_denied(
+    zookeeper_tls_wronghost: TLSZooKeeperServer, pki: PKI, key: str
+) -> None:
+    denied = refused(zookeeper(zookeeper_tls_wronghost, pki), key)
+    assert "mismatch" in str(denied)
+    # the chain alone, when asked for: no host-name check
+    locks(zookeeper(zookeeper_tls_wronghost, pki, tls_check_hostname=False), key)
+
+
+def test_zookeeper_without_a_client_certificate_is_denied(
+    zookeeper_tls: TLSZooKeeperServer, pki: PKI, key: str
+) -> None:
+    """`ssl.clientAuth=need`: the server's handshake (TLS 1.2) ends in an alert."""
+    denied = refused(zookeeper(zookeeper_tls, pki, tls_cert=None, tls_key=None), key)
+    assert "BAD_CERTIFICATE" in str(denied)
+
+
+def test_zookeeper_plaintext_against_the_tls_port_looks_like_an_outage(
+    zookeeper_tls: TLSZooKeeperServer, key: str
+) -> None:
+    """No TLS configured, so no handshake of ours: the server drops a connection that
+    does not start one and kazoo times out, as against a dead server."""
+    unavailable(lambda: ZooKeeperProvider(zookeeper_tls.tls_address, name="zk",
+                                          connect_timeout=1.0), key)  # fmt: skip
+
+
+def test_zookeeper_tls_against_the_plaintext_port_looks_like_an_outage(
+    zookeeper_tls: TLSZooKeeperServer, pki: PKI, key: str
+) -> None:
+    """The plaintext port reads the ClientHello as a request and closes the connection:
+    our handshake meets an EOF, which a dying server causes too."""
+    unavailable(zookeeper(zookeeper_tls, pki, hosts=zookeeper_tls.address), key)
+
+
+@pytest.mark.parametrize("fault", ["kill", "pause"])
+def test_zookeeper_tls_server_down_degrades(
+    zookeeper_tls: TLSZooKeeperServer, pki: PKI, key: str, fault: str
+) -> None:
+    """Refused (killed), or a handshake that never ends (paused): an outage."""
+    getattr(zookeeper_tls, fault)()
+    started = time.monotonic()
+    unavailable(zookeeper(zookeeper_tls, pki), key)
+    assert time.monotonic() - started < 15
+
+
+def test_zookeeper_tls_first_reachable_host_is_asked(
+    zookeeper_tls: TLSZooKeeperServer, pki: PKI, key: str
+) -> None:
+    """A dead member first: the handshake of ours goes to the next one."""
+    from tests.ports import free_port  # noqa: PLC0415
+
+    hosts = f"127.0.0.1:{free_port()},{zookeeper_tls.tls_address}"
+    refused(zookeeper(zookeeper_tls, pki, hosts=hosts, tls_ca=pki.other_ca), key)
+
+
+def test_zookeeper_tls_options_are_checked_before_any_io(pki: PKI) -> None:
+    with pytest.raises(ValueError, match="tls_cert and tls_key"):
+        ZooKeeperProvider("127.0.0.1:1", tls_ca=pki.ca, tls_cert=pki.client.cert)
+    with pytest.raises(TypeError, match="tls_check_hostname"):
+        ZooKeeperProvider("127.0.0.1:1", tls_ca=pki.ca, tls_check_hostname="no")  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="tls_check_hostname"):
+        ZooKeeperProvider("127.0.0.1:1", tls_check_hostname=False)
+    provider = ZooKeeperProvider("127.0.0.1:1", tls_ca=str(pki.ca))
+    assert provider.client.use_ssl and provider.client.check_hostname
+    assert provider.client.verify_certs and provider.client.ca == str(pki.ca)
+    provider.close()
+    plain = ZooKeeperProvider("127.0.0.1:1")
+    assert not plain.client.use_ssl
+    plain.close()
+
+
+def test_zookeeper_tls_files_missing_never_degrade(
+    zookeeper_tls: TLSZooKeeperServer, pki: PKI, key: str, tmp_path: Path
+) -> None:
+    from locks import BackendError  # noqa: PLC0415
+
+    provider = zookeeper(zookeeper_tls, pki, tls_ca=tmp_path / "missing.pem")()
+    try:
+        with pytest.raises(BackendError, match="TLS files") as raised:
+            provider.acquire(key, ttl=30, wait=0)
+        assert not isinstance(raised.value, BackendUnavailable)
+    finally:
+        provider.close()
+
+
+def test_zookeeper_without_tls_is_untouched(zookeeper_server: ZooKeeperServer, key: str) -> None:
+    locks(lambda: ZooKeeperProvider(zookeeper_server.url, name="zk"), key)
+
+
+# -- MySQL/MariaDB (PyMySQL) ------------------------------------------------------------
+
+
+def mariadb(url: str, **options: Any) -> Make:
+    return lambda: DatabaseProvider(url, name="db", connect_timeout=2, **options)
+
+
+def test_mariadb_over_verified_tls_locks(mariadb_tls: TLSMariaDBServer, pki: PKI, key: str) -> None:
+    locks(mariadb(mariadb_tls.tls_url(query=f"ssl_ca={pki.ca}")), key)  # SQLAlchemy's form
+    locks(mariadb(mariadb_tls.tls_url(), connect_args={"ssl_ca": str(pki.ca)}), key)
+    certificate = {"ssl_ca": str(pki.ca), "ssl_cert": str(pki.client.cert),
+                   "ssl_key": str(pki.client.key)}  # fmt: skip
+    locks(mariadb(mariadb_tls.tls_url(user=CLIENT_CN), connect_args=certificate), key)
+
+
+@pytest.mark.parametrize("form", ["url", "connect_args"])
+def test_mariadb_with_another_ca_is_denied(
+    mariadb_tls: TLSMariaDBServer, pki: PKI, key: str, form: str
+) -> None:
+    """PyMySQL reports a TLS failure as 2003, "can't connect", like a refused port; the
+    `ssl.SSLCertVerificationError` it was raised from says what it is. Through
+    connect_args, PyMySQL's `ssl_ca` alone verified nothing: it connected."""
+    if form == "url":
+        make = mariadb(mariadb_tls.tls_url(query=f"ssl_ca={pki.other_ca}"))
+    else:
+        make = mariadb(mariadb_tls.tls_url(), connect_args={"ssl_ca": str(pki.other_ca)})
+    refused(make, key, mariadb_tls.password)
+
+
+def test_mariadb_with_another_host_name_is_denied(
+    mariadb_tls_wronghost: TLSMariaDBServer, pki: PKI, key: str
+) -> None:
+    refused(mariadb(mariadb_tls_wronghost.tls_url(query=f"ssl_ca={pki.ca}")), key)
+    refused(mariadb(mariadb_tls_wronghost.tls_url(), connect_args={"ssl_ca": str(pki.ca)}), key)
+    # only when asked: the chain alone
+    chain_only = {"ssl_ca": str(pki.ca), "ssl_verify_identity": False}
+    locks(mariadb(mariadb_tls_wronghost.tls_url(), connect_args=chain_only), key)
+
+
+def test_mariadb_require_x509_without_a_client_certificate_is_denied(
+    mariadb_tls: TLSMariaDBServer, pki: PKI, key: str
+) -> None:
+    """REQUIRE X509 and no certificate: the server's 1045."""
+    refused(mariadb(mariadb_tls.tls_url(user=CLIENT_CN, query=f"ssl_ca={pki.ca}")), key,
+            CERT_PASSWORD)  # fmt: skip
+
+
+def test_mariadb_plaintext_for_a_require_ssl_user_is_denied(
+    mariadb_tls: TLSMariaDBServer, key: str
+) -> None:
+    """REQUIRE SSL and TLS turned off: the server's 1045."""
+    refused(mariadb(mariadb_tls.tls_url(), connect_args={"ssl_disabled": True}), key)
+
+
+def test_mariadb_tls_against_a_server_without_tls_is_denied(
+    mariadb_server: MariaDBServer, pki: PKI, key: str
+) -> None:
+    """TLS asked for, and the server offers none: PyMySQL's 2026."""
+    refused(mariadb(f"{mariadb_server.url}&ssl_ca={pki.ca}"), key)
+
+
+@pytest.mark.parametrize("value", ["false", "0", "true"])
+def test_ssl_disabled_in_a_mariadb_url_is_refused(
+    mariadb_tls: TLSMariaDBServer, value: str
+) -> None:
+    """SQLAlchemy passes it on as a string, which PyMySQL reads as true: TLS off."""
+    with pytest.raises(ValueError, match="ssl_disabled"):
+        DatabaseProvider(mariadb_tls.tls_url(query=f"ssl_disabled={value}"))
+
+
+def test_mariadb_tls_server_down_degrades(
+    mariadb_tls: TLSMariaDBServer, pki: PKI, key: str
+) -> None:
+    mariadb_tls.kill()
+    unavailable(mariadb(mariadb_tls.tls_url(query=f"ssl_ca={pki.ca}")), key)
+
+
+def _args(url: str, given: dict[str, Any]) -> dict[str, Any]:
+    return connect_args(database_url(url), 1.0, 2.0, given)
+
+
+def test_pymysql_tls_in_connect_args_verifies_unless_told_not_to() -> None:
+    url = "mysql://u:pw@db.example/locks"
+    args = _args(url, {"ssl_ca": "/ca.pem"})
+    assert args["ssl_verify_cert"] is True and args["ssl_verify_identity"] is True
+    args = _args(url, {"ssl_cert": "/c.pem", "ssl_key": "/k.pem"})
+    assert args["ssl_verify_cert"] is True and args["ssl_verify_identity"] is True
+    args = _args(url, {"ssl_ca": "/ca.pem", "ssl_verify_cert": False})
+    assert args["ssl_verify_cert"] is False and "ssl_verify_identity" not in args
+    args = _args(url, {"ssl_ca": "/ca.pem", "ssl_verify_identity": False})
+    assert args["ssl_verify_cert"] is True and args["ssl_verify_identity"] is False
+    assert "ssl_verify_cert" not in _args(url, {})
+    assert "ssl_verify_cert" not in _args(f"{url}?ssl_ca=/ca.pem", {})  # SQLAlchemy's form
+
+
+@pytest.mark.parametrize(
+    ("url", "given", "named"),
+    [
+        ("mysql://u:pw@h/locks?ssl_verify_cert=true", {}, "ssl_verify_cert"),
+        ("mysql://u:pw@h/locks?ssl_verify_identity=false", {}, "ssl_verify_identity"),
+        ("mysql://u:pw@h/locks", {"ssl_disabled": "false"}, "ssl_disabled"),
+        ("mysql://u:pw@h/locks?ssl_ca=/ca.pem", {"ssl_cert": "/c.pem"}, "ssl_ca"),
+    ],
+)
+def test_pymysql_tls_options_pymysql_would_misread_are_refused(
+    url: str, given: dict[str, Any], named: str
+) -> None:
+    with pytest.raises(ValueError, match=named) as raised:
+        _args(url, given)
+    assert "pw" not in str(raised.value)
+
+
+# -- PostgreSQL (libpq) -----------------------------------------------------------------
+
+
+def postgresql(url: str, **options: Any) -> Make:
+    return lambda: DatabaseProvider(url, name="db", connect_timeout=2, **options)
+
+
+def test_postgresql_over_verified_tls_locks(
+    postgresql_tls: TLSPostgreSQLServer, pki: PKI, key: str
+) -> None:
+    locks(postgresql(postgresql_tls.tls_url(query=f"sslrootcert={pki.ca}")), key)
+    locks(postgresql(postgresql_tls.tls_url(query=f"sslmode=verify-full&sslrootcert={pki.ca}")),
+          key)  # fmt: skip
+    locks(postgresql(postgresql_tls.tls_url(), connect_args={"sslrootcert": str(pki.ca)}), key)
+    certificate = (f"sslrootcert={pki.ca}&sslcert={pki.client.cert}"
+                   f"&sslkey={pki.client.key}")  # fmt: skip
+    locks(postgresql(postgresql_tls.tls_url(user=CLIENT_CN, query=certificate)), key)
+
+
+def test_postgresql_with_another_ca_is_denied(
+    postgresql_tls: TLSPostgreSQLServer, pki: PKI, key: str
+) -> None:
+    denied = refused(postgresql(postgresql_tls.tls_url(query=f"sslrootcert={pki.other_ca}")),
+                     key, postgresql_tls.password)  # fmt: skip
+    assert "certificate verify failed" in str(denied)
+
+
+def test_postgresql_with_another_host_name_is_denied(
+    postgresql_tls_wronghost: TLSPostgreSQLServer, pki: PKI, key: str
+) -> None:
+    """A CA and no sslmode is verify-full: the host name is checked."""
+    denied = refused(postgresql(postgresql_tls_wronghost.tls_url(query=f"sslrootcert={pki.ca}")),
+                     key)  # fmt: skip
+    assert "does not match host name" in str(denied)
+    # a weaker sslmode with the CA, when written: the chain only (libpq's verify-ca)
+    locks(postgresql(postgresql_tls_wronghost.tls_url(
+        query=f"sslmode=require&sslrootcert={pki.ca}")), key)  # fmt: skip
+
+
+def test_postgresql_cert_method_without_a_client_certificate_is_denied(
+    postgresql_tls: TLSPostgreSQLServer, pki: PKI, key: str
+) -> None:
+    refused(postgresql(postgresql_tls.tls_url(user=CLIENT_CN, query=f"sslrootcert={pki.ca}")),
+            key)  # fmt: skip
+
+
+def test_postgresql_plaintext_against_hostssl_only_is_denied(
+    postgresql_tls: TLSPostgreSQLServer, key: str
+) -> None:
+    """`sslmode=disable` and only `hostssl` lines: "no pg_hba.conf entry"."""
+    refused(postgresql(postgresql_tls.tls_url(query="sslmode=disable")), key)
+
+
+def test_postgresql_tls_against_a_server_without_tls_is_denied(
+    postgresql_server: PostgreSQLServer, pki: PKI, key: str
+) -> None:
+    """A CA given, so verify-full: "server does not support SSL" (under `prefer` it
+    would have gone on in plaintext)."""
+    refused(postgresql(f"{postgresql_server.url}?sslrootcert={pki.ca}"), key)
+
+
+def test_postgresql_tls_server_down_degrades(
+    postgresql_tls: TLSPostgreSQLServer, pki: PKI, key: str
+) -> None:
+    postgresql_tls.kill()
+    unavailable(postgresql(postgresql_tls.tls_url(query=f"sslrootcert={pki.ca}")), key)
+
+
+@pytest.mark.parametrize("driver", ["psycopg", "psycopg2"])
+def test_a_postgresql_ca_without_sslmode_means_verify_full(driver: str) -> None:
+    url = f"postgresql+{driver}://u:pw@db.example/locks"
+    assert _args(f"{url}?sslrootcert=/ca.pem", {})["sslmode"] == "verify-full"
+    assert _args(url, {"sslrootcert": "/ca.pem"})["sslmode"] == "verify-full"
+    assert "sslmode" not in _args(f"{url}?sslrootcert=/ca.pem&sslmode=verify-ca", {})
+    assert _args(url, {"sslrootcert": "/ca.pem", "sslmode": "require"})["sslmode"] == "require"
+    assert "sslmode" not in _args(url, {})
+
+
+@pytest.fixture
+def pgsslmode_set(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    monkeypatch.setenv("PGSSLMODE", "verify-ca")
+    yield
+
+
+def test_pgsslmode_in_the_environment_is_left_to_libpq(pgsslmode_set: None) -> None:
+    assert "sslmode" not in _args("postgresql://u:pw@db.example/locks?sslrootcert=/ca.pem", {})
