@@ -59,7 +59,9 @@ _SCENARIO_KEYS = {"chain", "preset", "mode", "max_lease", "retries", "retry_dela
                   "failures", "reset_timeout"}  # fmt: skip
 _SWITCH_KEYS = {"file", "poll_interval", "force", "disable"}
 _QUORUM_KEYS = {"type", "members", "quorum", "drift", "retry", "watchdog_ttl"}
-_ENV = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}")
+# `${NAME}`: an environment variable; `${file:/path}`: a file's content (a mounted
+# secret), its trailing newline dropped
+_ENV = re.compile(r"\$\{(?:file:([^}]+)|([A-Za-z_][A-Za-z0-9_]*))\}")
 
 
 def backend_types() -> dict[str, str]:
@@ -99,11 +101,18 @@ def from_config(
 
 
 def _interpolate(value: Any, env: Mapping[str, str], where: str) -> Any:
-    """Replace `${NAME}` in every string with the environment's value (for secrets)."""
+    """Replace `${NAME}` in every string with the environment's value, and
+    `${file:/path}` with the file's content (for secrets: never written in the TOML)."""
     if isinstance(value, str):
 
         def replace(match: re.Match[str]) -> str:
-            name = match.group(1)
+            path, name = match.group(1), match.group(2)
+            if path is not None:
+                try:
+                    return Path(path).read_text().rstrip("\r\n")
+                except OSError as exc:
+                    raise ConfigError(f"{where or 'config'}: cannot read secret file "
+                                      f"{path!r}: {exc.strerror}") from None  # fmt: skip
             if name not in env:
                 raise ConfigError(f"{where or 'config'}: environment variable {name} is not set")
             return env[name]

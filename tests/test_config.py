@@ -115,6 +115,21 @@ def test_secrets_come_from_the_environment() -> None:
     registry.close()
 
 
+def test_secrets_come_from_files_and_a_missing_one_is_named(tmp_path: Path) -> None:
+    """A mounted secret (Kubernetes, Docker, systemd credentials): `${file:/path}`."""
+    secret = tmp_path / "redis-password"
+    secret.write_text("hunter2\n")
+    port = free_port()
+    url = f"redis://:${{file:{secret}}}@127.0.0.1:{port}/0"
+    registry = from_config({"backends": {"r": {"type": "redis", "url": url}}}, environ={})
+    provider = registry.backend("r")
+    assert provider.client.connection_pool.connection_kwargs["password"] == "hunter2"  # type: ignore[attr-defined]
+    registry.close()
+    missing = {"backends": {"r": {"type": "redis", "url": url.replace("redis-pass", "nope")}}}
+    with pytest.raises(ConfigError, match=r"backends\.r\.url: cannot read secret file"):
+        from_config(missing, environ={})
+
+
 def test_locked_formats_the_key_from_the_call_and_holds_the_lock() -> None:
     registry = from_config(
         {"backends": {"local": {"type": "local"}}, "scenarios": {"order": {"chain": ["local"]}}}
