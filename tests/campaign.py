@@ -649,7 +649,8 @@ def main(argv: list[str] | None = None) -> int:
     from tests.servers.redis_masters import RedisMasters  # noqa: PLC0415
     from tests.servers.redis_topologies import SentinelTopology  # noqa: PLC0415
 
-    out = Path(args.out or tempfile.mkdtemp(prefix="locks-soak-"))
+    # absolute: servers resolve a relative data dir against their own working directory
+    out = Path(args.out or tempfile.mkdtemp(prefix="locks-soak-")).resolve()
     names = args.campaign or sorted(CAMPAIGNS)
     seed = random.randrange(1 << 30) if args.seed is None else args.seed
     until = time.monotonic() + 60 * (args.minutes or 0)
