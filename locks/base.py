@@ -8,6 +8,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import functools
+import ssl
 import time
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Hashable, Iterator
@@ -618,6 +619,17 @@ class ProviderBase(MakesLocks, ABC):
             f"{self._where()} is unavailable: {self._detail(error)}", backend=self.name,
             address=self.address, ambiguous=ambiguous, key=key, token=token,
         )  # fmt: skip
+
+    def _refused_tls(self, address: str, error: ssl.SSLError) -> AccessDenied:
+        """A TLS refusal our own handshake found (`locks.tls.handshake_refusal`) where
+        the driver reported only that it reached no server."""
+        denied = AccessDenied(
+            f"{self._where()} refused TLS at {address}: {self._detail(error)} "
+            "(check the tls_* settings and the host names)",
+            backend=self.name, address=self.address,
+        )  # fmt: skip
+        denied.__cause__ = error
+        return denied
 
     def _where(self) -> str:
         return f"{self.type_name} backend {self.name!r} at {self.address}"

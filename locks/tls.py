@@ -6,15 +6,20 @@ time-out), which would degrade a chain on a mistake no retry fixes.
 
 `tls_refused` reads the error a driver raised; `handshake_refusal` is a handshake of
 our own, for a driver that hides the reason (kazoo retries every TLS failure as if the
-server were down).
+server were down; redis-py's Sentinel and Cluster clients keep only the text), and
+`HandshakeProbe` asks it at most once a second. `tls_settings` checks the `tls_*`
+keywords every backend that takes them shares.
 """
 
 from __future__ import annotations
 
+import os
 import socket
 import ssl
+import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
 
 # OpenSSL's reasons (`SSLError.reason`) that only a peer that is up and refuses us, or
 # our own TLS settings, can cause. Never an EOF, a reset or a time-out: a server that
@@ -48,6 +53,19 @@ def tls_refused(error: BaseException) -> bool:
     is a TLS failure only misconfiguration causes: a certificate that does not verify,
     or a handshake the peer refused (an alert about certificates or versions), or a
     peer answering TLS in plaintext. Never for an EOF, a reset or a time-out."""
+    return any(
+        isinstance(current, ssl.SSLCertVerificationError)
+        or (
+            isinstance(current, ssl.SSLError)
+            and getattr(current, "reason", None) in _REFUSED_REASONS
+        )
+        for current in error_chain(error)
+    )
+
+
+def error_chain(error: BaseException) -> Iterator[BaseException]:
+    """`error` and the errors it was raised from or while handling (`__cause__`,
+    `__context__`), breadth first: drivers wrap the server's reason in their own."""
     pending: list[BaseException] = [error]
     seen: set[int] = set()
     while pending and len(seen) < _CHAIN_MAX:
@@ -55,14 +73,8 @@ def tls_refused(error: BaseException) -> bool:
         if id(current) in seen:
             continue
         seen.add(id(current))
-        if isinstance(current, ssl.SSLCertVerificationError):
-            return True
-        if isinstance(current, ssl.SSLError) and getattr(current, "reason", None) in (
-            _REFUSED_REASONS
-        ):
-            return True
+        yield current
         pending += [e for e in (current.__cause__, current.__context__) if e is not None]
-    return False
 
 
 def handshake_refusal(
@@ -95,3 +107,114 @@ def handshake_refusal(
             sock.close()
         return None
     return None
+
+
+_PROBE_EVERY = 1.0  # seconds between two handshakes of `HandshakeProbe`
+
+
+@dataclass(frozen=True, slots=True)
+class TLSSettings:
+    """The `tls_*` keywords, checked: the chain is always verified, the host name unless
+    `check_hostname` is False. The key's password never shows in a repr."""
+
+    ca: str | None
+    cert: str | None
+    key: str | None
+    key_password: str | None = field(repr=False)
+    check_hostname: bool
+
+    def context(self) -> ssl.SSLContext:
+        """A client context with these settings; the system's CAs are trusted too, as
+        the drivers do. A file missing or unreadable, or a key that is not the
+        certificate's, raises OSError or ssl.SSLError."""
+        context = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
+        context.load_default_certs(ssl.Purpose.SERVER_AUTH)
+        context.check_hostname = self.check_hostname
+        context.verify_mode = ssl.CERT_REQUIRED
+        if self.ca:
+            context.load_verify_locations(self.ca)
+        if self.cert and self.key:
+            # never None: OpenSSL would ask for an encrypted key's password on the tty
+            context.load_cert_chain(self.cert, self.key, password=self.key_password or _none)
+        return context
+
+    def checked(self) -> TLSSettings:
+        """These settings, once their files load. A file missing or unreadable, a key
+        that is not the certificate's or that its password does not open is a
+        ValueError here, before any I/O: drivers report it as a connection error at the
+        first call, which a chain would take for an outage."""
+        try:
+            self.context()
+        except OSError as error:  # ssl.SSLError is one
+            files = ", ".join(path for path in (self.ca, self.cert, self.key) if path)
+            raise ValueError(
+                f"TLS: the files ({files}) do not load: {error} (an encrypted key needs its "
+                "password, tls_key_password or a url's ssl_password; the key must be the "
+                "certificate's)"
+            ) from None
+        return self
+
+
+def _none() -> bytes:
+    """The password of a key given none: empty, so an encrypted key fails to load."""
+    return b""
+
+
+def tls_settings(
+    ca: str | os.PathLike[str] | None,
+    cert: str | os.PathLike[str] | None,
+    key: str | os.PathLike[str] | None,
+    key_password: str | None,
+    check_hostname: bool,
+) -> TLSSettings | None:
+    """The TLS the keywords ask for, or None for none: a CA or a client certificate
+    turns TLS on. Checked before any I/O; a ValueError or TypeError names the keyword."""
+    paths: dict[str, str | None] = {}
+    for option, value in (("tls_ca", ca), ("tls_cert", cert), ("tls_key", key)):
+        if value is not None and not isinstance(value, (str, os.PathLike)):
+            raise TypeError(f"{option} must be a path, not {type(value).__name__}")
+        path = None if value is None else os.fspath(value)
+        if path == "":
+            raise ValueError(f"{option} must be a path, not empty")
+        paths[option] = path
+    if not isinstance(check_hostname, bool):
+        raise TypeError(f"tls_check_hostname must be true or false, got {check_hostname!r}")
+    if key_password is not None and not isinstance(key_password, str):
+        raise TypeError("tls_key_password must be a str")
+    if (paths["tls_cert"] is None) != (paths["tls_key"] is None):
+        raise ValueError("tls_cert and tls_key: give both, or neither")
+    if key_password and paths["tls_key"] is None:
+        raise ValueError("tls_key_password is the password of tls_key: give tls_key too")
+    if paths["tls_ca"] is None and paths["tls_cert"] is None:
+        if not check_hostname:
+            raise ValueError("tls_check_hostname is for TLS: give tls_ca (or tls_cert)")
+        return None
+    return TLSSettings(paths["tls_ca"], paths["tls_cert"], paths["tls_key"],
+                       key_password or None, check_hostname)  # fmt: skip
+
+
+class HandshakeProbe:
+    """`handshake_refusal` for a driver that hides TLS failures, asked at most once a
+    second (calls meanwhile get the last verdict; a call while another probes does not
+    wait for it), so an outage costs one extra connection a second, not one a call."""
+
+    def __init__(self, addresses: Sequence[tuple[str, int]], timeout: float) -> None:
+        self.addresses = list(addresses)
+        self.timeout = timeout
+        self._lock = threading.Lock()
+        self._probed_at: float | None = None
+        self._refusal: tuple[str, ssl.SSLError] | None = None
+
+    def refusal(self, context: ssl.SSLContext) -> tuple[str, ssl.SSLError] | None:
+        """The address that refused our TLS and why, or None."""
+        probed_at = self._probed_at
+        now = time.monotonic()
+        if (probed_at is None or now - probed_at >= _PROBE_EVERY) and self._lock.acquire(
+            blocking=False
+        ):
+            try:
+                self._refusal = handshake_refusal(self.addresses, context, self.timeout)
+                self._probed_at = time.monotonic()
+            finally:
+                self._lock.release()
+        return self._refusal

@@ -19,9 +19,10 @@ from typing import TypeVar
 import pytest
 import redis
 
-from locks import BackendError, BackendUnavailable, Lease
+from locks import AccessDenied, BackendError, BackendUnavailable, Lease
 from locks.backends import RedisHashProvider, RedisProvider
 from locks.backends.redis.provider import _RedisProviderBase
+from locks.backends.redis.scripts import acl_rule, sentinel_acl_rule
 from locks.names import redis_hash_tag
 from tests.servers import RedisServer
 from tests.servers.redis_topologies import ClusterTopology, RedisNode, SentinelTopology
@@ -452,3 +453,67 @@ def test_clients_passed_in_serve_each_topology_and_stay_open(
         assert client.get(lock_key(key)) is None  # still usable: not ours to close
     cluster_client.close()
     sentinel_client.close()
+
+
+def _acl_user(clients: list[redis.Redis], name: str, rule: str) -> None:
+    for client in clients:
+        with client:
+            client.execute_command("ACL", "SETUSER", name, "reset", *rule.split(), ">pw")  # type: ignore[no-untyped-call]
+
+
+def _drop_acl_user(clients: list[redis.Redis], name: str) -> None:
+    for client in clients:
+        with client:
+            client.execute_command("ACL", "DELUSER", name)  # type: ignore[no-untyped-call]
+
+
+@pytest.mark.parametrize("cls", [RedisProvider, RedisHashProvider])
+def test_least_privileged_users_serve_sentinel_and_cluster(
+    sentinel_topology: SentinelTopology,
+    cluster_topology: ClusterTopology,
+    key: str,
+    cls: type[_RedisProviderBase],
+) -> None:
+    """`acl_rule()` on the data nodes and `sentinel_acl_rule()` on the sentinels, and
+    `acl_rule(cluster=True)` on a cluster's nodes, are all each needs: a grant, a
+    waiter woken by the release. Without its cluster part, a cluster user is refused."""
+
+    def data_nodes() -> list[redis.Redis]:
+        return [node.admin() for node in sentinel_topology.nodes]
+
+    def sentinels() -> list[redis.Redis]:
+        return [sentinel.client() for sentinel in sentinel_topology.sentinels]
+
+    def cluster_nodes() -> list[redis.Redis]:
+        return [node.admin() for node in cluster_topology.nodes]
+
+    _acl_user(data_nodes(), "locker", acl_rule())
+    _acl_user(sentinels(), "watcher", sentinel_acl_rule())
+    _acl_user(cluster_nodes(), "locker", acl_rule(cluster=True))
+    try:
+        made = [
+            cls(sentinels=sentinel_topology.sentinel_addresses, service=sentinel_topology.service,
+                username="locker", password="pw", sentinel_username="watcher",
+                sentinel_password="pw", name="sentinel"),
+            cls(cluster_topology.url.replace("//", "//locker:pw@", 1), name="cluster"),
+        ]  # fmt: skip
+        for provider in made:
+            lease = provider.acquire(key, ttl=5, wait=0)
+            assert lease is not None
+            with ThreadPoolExecutor(1) as pool:
+                waiter = pool.submit(provider.acquire, key, ttl=5, wait=5)  # another thread
+                time.sleep(0.2)
+                provider.release(lease)
+                woken = waiter.result(timeout=10)
+            assert woken is not None
+            provider.release(woken)
+            provider.close()
+        _acl_user(cluster_nodes(), "locker", acl_rule())
+        bare = cls(cluster_topology.url.replace("//", "//locker:pw@", 1), name="cluster")
+        with pytest.raises(AccessDenied):
+            bare.acquire(key, ttl=5, wait=0)
+        bare.close()
+    finally:
+        _drop_acl_user(data_nodes(), "locker")
+        _drop_acl_user(sentinels(), "watcher")
+        _drop_acl_user(cluster_nodes(), "locker")

@@ -10,6 +10,7 @@ Loaded as a pytest plugin (tests/servers/__init__.py) for its session fixture `p
 
 from __future__ import annotations
 
+import hashlib
 import shutil
 import subprocess
 import tempfile
@@ -93,6 +94,17 @@ def make_pki(directory: Path) -> PKI:
     for path in directory.iterdir():
         path.chmod(0o644 if path.suffix == ".crt" else 0o600)
     return PKI(directory, ca[0], ca[1], other_ca[0], server, wronghost, client)
+
+
+def encrypted(pki: PKI, pair: Pair, password: str) -> Pair:
+    """`pair` with its key encrypted under `password` (AES-256, PKCS#8)."""
+    tag = hashlib.sha256(password.encode()).hexdigest()[:8]  # one file per password
+    key = pki.directory / f"{pair.key.stem}-encrypted-{tag}.key"
+    if not key.exists():
+        _openssl(pki.directory, "pkey", "-in", pair.key.name, "-aes256", "-passout",
+                 f"pass:{password}", "-out", key.name)  # fmt: skip
+        key.chmod(0o600)
+    return Pair(pair.cert, key)
 
 
 @pytest.fixture(scope="session")

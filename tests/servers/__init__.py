@@ -34,6 +34,7 @@ pytest_plugins = [
     "tests.servers.least_privilege",
     "tests.tls",
     "tests.servers.tls_servers",
+    "tests.servers.tls_topologies",
 ]
 
 INSTALL_HINT = (

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import functools
 import math
+import os
 import time
 from abc import abstractmethod
 from collections.abc import Callable, Hashable, Iterator, Sequence
@@ -25,9 +26,10 @@ from locks.backends.redis.notify import NO_RESULT, ReleaseNotifier
 from locks.backends.redis.scripts import Script
 from locks.backends.redis.topology import DEFAULT_URL, Client, Timeouts, replica_sync, topology
 from locks.base import Grant, ProviderBase
-from locks.errors import AccessDenied, BackendError, BackendUnavailable
+from locks.errors import AccessDenied, BackendError, BackendUnavailable, LockError
 from locks.names import check_count, check_name, check_seconds, redis_hash_tag
 from locks.provider import Capabilities, Holder, Lease
+from locks.tls import error_chain, tls_settings
 
 # "This Redis cannot serve us now": unreachable, timed out, a demoted primary (READONLY),
 # still loading its data (LOADING), out of memory (OOM), no primary (MASTERDOWN,
@@ -95,8 +97,22 @@ class _RedisProviderBase(ProviderBase):
         sync_replicas: int = 0,
         sync_timeout: float = 0.25,
         sync_aof: bool = False,
+        tls_ca: str | os.PathLike[str] | None = None,
+        tls_cert: str | os.PathLike[str] | None = None,
+        tls_key: str | os.PathLike[str] | None = None,
+        tls_key_password: str | None = None,
+        tls_check_hostname: bool = True,
+        sentinel_tls: bool | None = None,
     ) -> None:
+        """TLS: a `rediss://` url (or `rediss+sentinel://`, `rediss+cluster://`), or the
+        `tls_*` keywords for any form: `tls_ca` (a PEM file of CAs), `tls_cert` and
+        `tls_key` (a client certificate and its key, both or neither; `tls_key_password`
+        if the key is encrypted). The chain is always verified, and the host name unless
+        `tls_check_hostname` is False. A Sentinel topology speaks TLS to the sentinels too
+        unless `sentinel_tls` is False. A certificate that does not verify, or a server
+        refusing ours, is `AccessDenied`, never an outage."""
         super().__init__(self.type_name if name is None else name, watchdog_ttl)
+        tls = tls_settings(tls_ca, tls_cert, tls_key, tls_key_password, tls_check_hostname)
         prefix = check_name(prefix, "prefix")
         if "{" in prefix or "}" in prefix:
             raise ValueError("prefix must not contain '{' or '}': they would move the hash tag")
@@ -114,7 +130,7 @@ class _RedisProviderBase(ProviderBase):
             url, client=client, sentinels=sentinels, service=service,
             cluster_nodes=cluster_nodes, db=db, username=username, password=password,
             sentinel_username=sentinel_username, sentinel_password=sentinel_password,
-            timeouts=timeouts,
+            tls=tls, sentinel_tls=sentinel_tls, timeouts=timeouts,
         )  # fmt: skip
         self.address = self.topology.address
         self._notifier = ReleaseNotifier(
@@ -153,9 +169,39 @@ class _RedisProviderBase(ProviderBase):
         return ("redis", self.topology.domain(), self.prefix)
 
     def _classify(self, error: BaseException) -> type[BackendUnavailable] | type[BackendError]:
-        if isinstance(error, errors.ResponseError) and any(t in str(error) for t in _SCRIPT_DENIED):
-            return AccessDenied
+        # a refusal anywhere in the chain: redis-py's cluster client turns a NOPERM on
+        # CLUSTER SLOTS into "cluster mode is not enabled", then "cannot be connected"
+        for cause in error_chain(error):
+            if isinstance(cause, _DENIED) or (
+                isinstance(cause, errors.ResponseError)
+                and any(text in str(cause) for text in _SCRIPT_DENIED)
+            ):
+                return AccessDenied
         return super()._classify(error)
+
+    def _error(
+        self,
+        error: BaseException,
+        *,
+        ambiguous: bool = False,
+        key: str | None = None,
+        token: str | None = None,
+    ) -> LockError:
+        """As the base's, but where redis-py reached no sentinel or no cluster node and
+        kept only the text of why, a handshake of our own tells a TLS refusal (which no
+        retry fixes) from an outage."""
+        probe = self.topology.probe
+        if probe is not None and self._classify(error) is BackendUnavailable:
+            try:
+                refusal = probe.handshakes.refusal(probe.tls.context())
+            except (OSError, ValueError) as files_error:  # missing or unreadable TLS files
+                return BackendError(
+                    f"{self._where()}: cannot load its TLS files: {self._detail(files_error)}",
+                    backend=self.name, address=self.address,
+                )  # fmt: skip
+            if refusal is not None:
+                return self._refused_tls(*refusal)
+        return super()._error(error, ambiguous=ambiguous, key=key, token=token)
 
     def _acquire(
         self, key: str, owner: str, token: str, ttl: float, deadline: float | None

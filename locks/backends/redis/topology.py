@@ -9,6 +9,11 @@ keywords, so no URL carries two passwords):
     redis+sentinel://[user:password@]host:port,host:port/service[/db]
     redis+cluster://[user:password@]host:port,host:port
 
+`rediss+sentinel://` and `rediss+cluster://` are the TLS forms, with redis-py's
+`ssl_ca_certs`, `ssl_certfile`, `ssl_keyfile`, `ssl_password` and `ssl_check_hostname`
+in the query, as `rediss://` has them; the `tls_*` keywords say the same for every form.
+A TLS Sentinel topology speaks TLS to the sentinels too, unless `sentinel_tls` is False.
+
 A cluster client connects as it is built, so it is built on first use: a provider is
 made without I/O whatever its topology, and an unreachable cluster is a
 `BackendUnavailable` from the first call, like any other outage.
@@ -16,11 +21,12 @@ made without I/O whatever its topology, and an unreachable cluster is a
 
 from __future__ import annotations
 
+import ssl
 import threading
 from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass
 from typing import Any
-from urllib.parse import unquote, urlsplit
+from urllib.parse import parse_qs, unquote, urlsplit
 
 import redis
 from redis.backoff import NoBackoff
@@ -31,10 +37,15 @@ from redis.sentinel import Sentinel, SentinelConnectionPool
 
 from locks.backends.redis.scripts import Script
 from locks.names import check_seconds
+from locks.tls import HandshakeProbe, TLSSettings, tls_settings
 
 DEFAULT_URL = "redis://127.0.0.1:6379/0"
 SENTINEL_SCHEME = "redis+sentinel"
 CLUSTER_SCHEME = "redis+cluster"
+_TLS_SCHEMES = {"rediss+sentinel": SENTINEL_SCHEME, "rediss+cluster": CLUSTER_SCHEME}
+# redis-py's TLS query keys (of `rediss://`), read from the multi-host TLS forms too
+_TLS_QUERY = ("ssl_ca_certs", "ssl_certfile", "ssl_keyfile", "ssl_password",
+              "ssl_check_hostname")  # fmt: skip
 
 Client = redis.Redis | RedisCluster
 
@@ -62,13 +73,17 @@ class Topology:
     kind = "server"
 
     def __init__(self, address: str, build: Callable[[], Client], *, owned: bool,
-                 db: int = 0) -> None:  # fmt: skip
+                 db: int = 0, passwords: Sequence[str] = (),
+                 probe: TLSProbe | None = None) -> None:  # fmt: skip
         self.address = address  # for messages: never a password
         self.db = db
         self._build = build
         self._client: Client | None = None
         self._lock = threading.Lock()
         self.owned = owned  # built here, so closed here
+        self._passwords = [password for password in passwords if password]
+        # where the client hides a TLS refusal behind "no node reachable": ask ourselves
+        self.probe = probe
 
     def client(self) -> Client:
         client = self._client
@@ -103,7 +118,7 @@ class Topology:
                 if node.redis_connection is not None:
                     kwargs = node.redis_connection.connection_pool.connection_kwargs
                     found.append(kwargs.get("password") or "")
-        return [str(secret) for secret in found if secret]
+        return [str(secret) for secret in [*found, *self._passwords] if secret]
 
     def close(self) -> None:
         client = self._client
@@ -114,16 +129,17 @@ class Topology:
             client.connection_pool.disconnect()
 
 
+@dataclass(frozen=True, slots=True)
+class TLSProbe:
+    """A handshake of our own with the topology's TLS settings, for clients that report
+    a TLS refusal only as "no node reachable" (Sentinel, Cluster)."""
+
+    tls: TLSSettings
+    handshakes: HandshakeProbe
+
+
 class _Sentinel(Topology):
     kind = "sentinel"
-
-    def __init__(self, address: str, build: Callable[[], Client], *, owned: bool, db: int,
-                 passwords: list[str]) -> None:  # fmt: skip
-        super().__init__(address, build, owned=owned, db=db)
-        self._passwords = passwords
-
-    def secrets(self) -> list[str]:
-        return super().secrets() + self._passwords
 
     def close(self) -> None:
         super().close()
@@ -157,14 +173,20 @@ def topology(
     password: str | None,
     sentinel_username: str | None,
     sentinel_password: str | None,
+    tls: TLSSettings | None,
+    sentinel_tls: bool | None,
     timeouts: Timeouts,
 ) -> Topology:
     """The topology the arguments describe; every argument is checked here, before I/O."""
+    if sentinel_tls is not None and not isinstance(sentinel_tls, bool):
+        raise TypeError(f"sentinel_tls must be true or false, got {sentinel_tls!r}")
     if client is not None:
+        if tls is not None or sentinel_tls is not None:
+            raise ValueError("tls_*: configure TLS on the redis-py client passed in, not here")
         return _given(client)
     if not isinstance(url, str):
         raise TypeError(f"url must be a str, not {type(url).__name__}")
-    scheme = url.split("://", 1)[0].lower() if "://" in url else ""
+    scheme, tls = _scheme_and_tls(url, tls)
     explicit_url = url != DEFAULT_URL
     if sentinels is not None or cluster_nodes is not None:
         if sentinels is not None and cluster_nodes is not None:
@@ -193,18 +215,25 @@ def topology(
         cluster_nodes = parsed.hosts
         credentials = _merge(credentials, parsed.username, parsed.password)
     if sentinels is not None:
+        if sentinel_tls and tls is None:
+            raise ValueError("sentinel_tls: give the TLS settings (tls_ca or tls_cert) too")
         return _sentinel_topology(
             _addresses(sentinels, "sentinels"), _service(service), db or 0, credentials,
             _optional_str(sentinel_username, "sentinel_username"),
-            _optional_str(sentinel_password, "sentinel_password"), timeouts,
+            _optional_str(sentinel_password, "sentinel_password"), timeouts, tls,
+            tls is not None if sentinel_tls is None else sentinel_tls,
         )  # fmt: skip
     if service is not None:
         raise ValueError("service is for a Sentinel topology: give sentinels too")
+    if sentinel_tls is not None:
+        raise ValueError("sentinel_tls is for a Sentinel topology: give sentinels too")
     if cluster_nodes is not None:
         if db:
             raise ValueError("a Redis Cluster has only database 0: db must be 0")
-        return _cluster_topology(_addresses(cluster_nodes, "cluster_nodes"), credentials, timeouts)
-    return _server_topology(url, db, credentials, timeouts)
+        return _cluster_topology(
+            _addresses(cluster_nodes, "cluster_nodes"), credentials, timeouts, tls
+        )
+    return _server_topology(url, db, credentials, timeouts, tls)
 
 
 def _given(client: Client) -> Topology:
@@ -222,16 +251,23 @@ def _given(client: Client) -> Topology:
             for s in pool.sentinel_manager.sentinels
         )
         return _Sentinel(f"sentinel {hosts}/{pool.service_name}", lambda: client,
-                         owned=False, db=_db_of(pool), passwords=[])  # fmt: skip
+                         owned=False, db=_db_of(pool))  # fmt: skip
     return Topology(_server_address(pool.connection_kwargs), lambda: client, owned=False,
                     db=_db_of(pool))  # fmt: skip
 
 
 def _server_topology(url: str, db: int | None, credentials: dict[str, str | None],
-                     timeouts: Timeouts) -> Topology:  # fmt: skip
+                     timeouts: Timeouts, tls: TLSSettings | None) -> Topology:  # fmt: skip
     extra: dict[str, Any] = {key: value for key, value in credentials.items() if value}
     if db is not None:
         extra["db"] = db
+    if tls is not None:
+        parsed = urlsplit(url)
+        if parsed.scheme == "unix":
+            raise ValueError("tls_*: a unix:// socket takes no TLS")
+        if parsed.scheme == "rediss" or any(k.startswith("ssl") for k in parse_qs(parsed.query)):
+            raise ValueError("give TLS either in the url or as tls_* keywords, not both")
+        extra |= {"connection_class": redis.SSLConnection, **_ssl_kwargs(tls.checked())}
     try:
         pool = redis.BlockingConnectionPool.from_url(
             url, max_connections=timeouts.max_connections, timeout=timeouts.pool,
@@ -240,8 +276,19 @@ def _server_topology(url: str, db: int | None, credentials: dict[str, str | None
     except ValueError as exc:  # redis-py names the scheme it wants; never echo the url
         raise ValueError(f"url is not a Redis URL: {exc}") from None
     client = redis.Redis(connection_pool=pool)
+    kwargs = pool.connection_kwargs
+    key_password = kwargs.get("ssl_password")
+    probe = None
+    if pool.connection_class is redis.SSLConnection:
+        if tls is None:  # rediss://: its settings, its files checked as the keywords' are
+            tls = TLSSettings(kwargs.get("ssl_ca_certs"), kwargs.get("ssl_certfile"),
+                              kwargs.get("ssl_keyfile"), key_password,
+                              bool(kwargs.get("ssl_check_hostname", True))).checked()  # fmt: skip
+        # a refused client certificate may reach redis-py as an EOF, as a dying server's
+        if kwargs.get("ssl_cert_reqs", "required") in ("required", ssl.CERT_REQUIRED):
+            probe = _probe(tls, [(kwargs["host"], int(kwargs["port"]))], timeouts)
     return Topology(_server_address(pool.connection_kwargs), lambda: client, owned=True,
-                    db=_db_of(pool))  # fmt: skip
+                    db=_db_of(pool), passwords=[key_password or ""], probe=probe)  # fmt: skip
 
 
 def _sentinel_topology(  # noqa: PLR0917 - one call site, every argument checked
@@ -252,6 +299,8 @@ def _sentinel_topology(  # noqa: PLR0917 - one call site, every argument checked
     sentinel_username: str | None,
     sentinel_password: str | None,
     timeouts: Timeouts,
+    tls: TLSSettings | None,
+    tls_to_sentinels: bool,
 ) -> Topology:
     sentinel_kwargs: dict[str, Any] = {"socket_timeout": timeouts.socket,
                                        "socket_connect_timeout": timeouts.connect}  # fmt: skip
@@ -259,25 +308,33 @@ def _sentinel_topology(  # noqa: PLR0917 - one call site, every argument checked
         sentinel_kwargs["username"] = sentinel_username
     if sentinel_password:
         sentinel_kwargs["password"] = sentinel_password
+    if tls is not None and tls_to_sentinels:
+        sentinel_kwargs |= {"ssl": True, **_ssl_kwargs(tls.checked())}
     manager = Sentinel(sentinels, sentinel_kwargs=sentinel_kwargs)  # type: ignore[no-untyped-call]
-    data_kwargs = {key: value for key, value in credentials.items() if value}
+    data_kwargs: dict[str, Any] = {key: value for key, value in credentials.items() if value}
+    if tls is not None:
+        data_kwargs |= {"ssl": True, **_ssl_kwargs(tls.checked())}
     client = manager.master_for(  # type: ignore[no-untyped-call]
         service, db=db, connection_pool_class=_BlockingSentinelPool,
         max_connections=timeouts.max_connections, timeout=timeouts.pool,
         **timeouts.socket_kwargs(), **data_kwargs,
     )  # fmt: skip
     hosts = ",".join(f"{host}:{port}" for host, port in sentinels)
-    passwords = [sentinel_password] if sentinel_password else []
+    # with every sentinel refusing our TLS, redis-py says only "no master found"
+    probe = _probe(tls, sentinels, timeouts) if tls_to_sentinels else None
     return _Sentinel(f"sentinel {hosts}/{service}", lambda: client, owned=True, db=db,
-                     passwords=passwords)  # fmt: skip
+                     passwords=_secrets(sentinel_password, tls), probe=probe)  # fmt: skip
 
 
 def _cluster_topology(nodes: list[tuple[str, int]], credentials: dict[str, str | None],
-                      timeouts: Timeouts) -> Topology:  # fmt: skip
+                      timeouts: Timeouts, tls: TLSSettings | None) -> Topology:  # fmt: skip
     kwargs = timeouts.socket_kwargs()
     retry = kwargs.pop("retry")
 
     credential_kwargs: dict[str, Any] = {k: v for k, v in credentials.items() if v}
+    if tls is not None:  # given a url, redis-py takes TLS from its scheme, not `ssl`
+        credential_kwargs |= _ssl_kwargs(tls.checked())
+    scheme = "redis" if tls is None else "rediss"
 
     (first_host, first_port), others = nodes[0], nodes[1:]
     if ":" in first_host:
@@ -288,7 +345,7 @@ def _cluster_topology(nodes: list[tuple[str, int]], credentials: dict[str, str |
             # given a url, redis-py builds each node's pool from connection_pool_class:
             # blocking, so a thread past max_connections waits pool_timeout, as on one
             # server, instead of failing at once
-            url=f"redis://{first_host}:{first_port}",
+            url=f"{scheme}://{first_host}:{first_port}",
             startup_nodes=[ClusterNode(host, port) for host, port in others],  # type: ignore[no-untyped-call]
             connection_pool_class=redis.BlockingConnectionPool,
             timeout=timeouts.pool,
@@ -301,7 +358,58 @@ def _cluster_topology(nodes: list[tuple[str, int]], credentials: dict[str, str |
         )
 
     hosts = ",".join(f"{host}:{port}" for host, port in nodes)
-    return _Cluster(f"cluster {hosts}", build, owned=True)
+    # a cluster client that reaches no startup node keeps only the text of why
+    return _Cluster(f"cluster {hosts}", build, owned=True, passwords=_secrets(None, tls),
+                    probe=_probe(tls, nodes, timeouts))  # fmt: skip
+
+
+def _scheme_and_tls(url: str, tls: TLSSettings | None) -> tuple[str, TLSSettings | None]:
+    """The url's scheme without its TLS mark, and the TLS the url or the keywords ask
+    for (a multi-host url carries TLS in its query; a plain one takes no query)."""
+    scheme = url.split("://", 1)[0].lower() if "://" in url else ""
+    if scheme in _TLS_SCHEMES:
+        if tls is not None:
+            raise ValueError("give TLS either in the url or as tls_* keywords, not both")
+        return _TLS_SCHEMES[scheme], _url_tls(url)
+    if scheme in (SENTINEL_SCHEME, CLUSTER_SCHEME) and urlsplit(url).query:
+        tls_form = scheme.replace("redis", "rediss", 1)
+        raise ValueError(f"url: a {scheme}:// url takes no query (TLS: {tls_form}://...?ssl_...)")
+    return scheme, tls
+
+
+def _ssl_kwargs(tls: TLSSettings) -> dict[str, Any]:
+    """redis-py's names for the TLS settings: verify the chain, always."""
+    return {"ssl_ca_certs": tls.ca, "ssl_certfile": tls.cert, "ssl_keyfile": tls.key,
+            "ssl_password": tls.key_password, "ssl_check_hostname": tls.check_hostname,
+            "ssl_cert_reqs": "required"}  # fmt: skip
+
+
+def _probe(tls: TLSSettings | None, addresses: list[tuple[str, int]],
+           timeouts: Timeouts) -> TLSProbe | None:  # fmt: skip
+    return None if tls is None else TLSProbe(tls, HandshakeProbe(addresses, timeouts.connect))
+
+
+def _secrets(password: str | None, tls: TLSSettings | None) -> list[str]:
+    return [secret for secret in (password, tls and tls.key_password) if secret]
+
+
+def _url_tls(url: str) -> TLSSettings:
+    """The TLS settings in a `rediss+sentinel://` or `rediss+cluster://` url's query."""
+    query = parse_qs(urlsplit(url).query, keep_blank_values=True)
+    unknown = sorted(set(query) - set(_TLS_QUERY))
+    if unknown:
+        known = ", ".join(_TLS_QUERY)
+        raise ValueError(f"url: unknown query key {unknown[0]!r} (TLS takes {known})")
+    values = {key: values[-1] for key, values in query.items()}
+    check = values.get("ssl_check_hostname", "true").lower()
+    if check not in ("true", "false", "1", "0", "yes", "no"):
+        raise ValueError(f"url: ssl_check_hostname must be true or false, got {check!r}")
+    check_hostname = check in ("true", "1", "yes")
+    ca, cert = values.get("ssl_ca_certs"), values.get("ssl_certfile")
+    settings = tls_settings(ca, cert, values.get("ssl_keyfile"), values.get("ssl_password"),
+                            check_hostname if ca or cert else True)  # fmt: skip
+    # without a CA of its own, TLS verifies against the system's CAs
+    return settings or TLSSettings(None, None, None, None, check_hostname)
 
 
 @dataclass(frozen=True, slots=True)
