@@ -263,13 +263,14 @@ class DatabaseProvider(ProviderBase):
         self.poll_interval = check_seconds(poll_interval, "poll_interval")
         engine_given = engine is not None
         self._owns_engine = not engine_given
+        self._connect_args = dict(connect_args or {})
         self.socket_timeout = check_seconds(socket_timeout, "socket_timeout")
         if engine is None:
             engine = _make_engine(
                 url,
                 check_seconds(connect_timeout, "connect_timeout"),
                 self.socket_timeout,
-                dict(connect_args or {}),
+                dict(self._connect_args),
             )
         elif not isinstance(engine, Engine):
             raise TypeError(f"engine must be a sqlalchemy Engine, not {type(engine).__name__}")
@@ -405,8 +406,9 @@ class DatabaseProvider(ProviderBase):
                 if not self._table_ready:
                     self.create_table()
 
-    def _secret(self) -> str | None:
-        return self.engine.url.password
+    def _secrets(self) -> list[str]:
+        """The password, and a TLS key's password from the url or `connect_args`."""
+        return dialects.secrets(self.engine.url, self._connect_args)
 
     def _domain(self) -> Hashable:
         return ("database", self.engine.url.render_as_string(hide_password=True), self.table_name)
@@ -626,6 +628,7 @@ def _make_engine(
     the rare setup statements."""
     parsed = dialects.database_url(url)
     args = dialects.connect_args(parsed, connect_timeout, socket_timeout, connect_args)
+    dialects.check_tls_files(parsed, args)
     try:
         return sa.create_engine(
             parsed, isolation_level="AUTOCOMMIT", poolclass=NullPool, connect_args=args

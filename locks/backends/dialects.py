@@ -11,6 +11,7 @@ from __future__ import annotations
 import importlib.util
 import os
 import re
+from collections.abc import Mapping
 from typing import Any
 
 import sqlalchemy as sa
@@ -18,6 +19,7 @@ from sqlalchemy import exc
 
 from locks.backends.dbpool import Refused
 from locks.errors import ConfigError
+from locks.tls import TLSSettings
 
 # The driver a URL without `+driver` gets: the one its extra installs (SQLAlchemy's own
 # defaults, mysqlclient and psycopg2, are not what `pip install fallback-locks[...]` brings).
@@ -146,6 +148,34 @@ def connect_args(
     return args
 
 
+# where each driver takes its TLS files: CA, certificate, key, the key's password
+_TLS_FILES = {
+    "mysql": ("ssl_ca", "ssl_cert", "ssl_key", "ssl_key_password"),
+    "postgresql": ("sslrootcert", "sslcert", "sslkey", "sslpassword"),
+}
+
+
+def check_tls_files(url: sa.engine.URL, args: dict[str, Any]) -> None:
+    """The TLS files load, before any I/O: a missing file, or a key its password does
+    not open, would reach us as a connection error at the first call, which a chain
+    takes for an outage."""
+    keys = _TLS_FILES.get(family(url.get_backend_name()))
+    if keys is None:
+        return
+    given = {k: v[-1] if isinstance(v, tuple) else v for k, v in {**url.query, **args}.items()}
+    ssl = args.get("ssl")
+    if isinstance(ssl, Mapping):  # PyMySQL's `ssl` dict
+        given |= {f"ssl_{k}": ssl[k] for k in ("ca", "cert", "key") if k in ssl}
+        given.setdefault("ssl_key_password", ssl.get("password"))
+    ca, cert, key, password = (given.get(k) for k in keys)
+    if ca == "system":  # libpq: the system's CAs
+        ca = None
+    if (cert is None) != (key is None):  # the driver's own defaults (~/.postgresql) fill in
+        cert = key = None
+    if ca or cert:
+        TLSSettings(ca, cert, key, password, check_hostname=False).checked()
+
+
 # PyMySQL's TLS options in a URL: SQLAlchemy folds these into the `ssl` dict, which
 # verifies the chain and the host name
 _URL_TLS = ("ssl_ca", "ssl_cert", "ssl_key", "ssl_capath", "ssl_cipher", "ssl_check_hostname")
@@ -169,6 +199,11 @@ def _pymysql_tls(url: sa.engine.URL, args: dict[str, Any]) -> None:
                 f"{switch} in {where}: PyMySQL reads any string as true ({switch}=false "
                 f"would mean true); give {switch} = true or false in connect_args"
             )
+    if "ssl_key_password" in url.query:  # SQLAlchemy passes it beside its `ssl` dict: unread
+        raise ValueError(
+            "ssl_key_password in a MySQL url: PyMySQL would not read it; give ssl_cert, "
+            "ssl_key and ssl_key_password in connect_args"
+        )
     in_url = [option for option in _URL_TLS if option in url.query]
     in_args = [option for option in _PYMYSQL_TLS if option in args]
     if in_url and in_args:
@@ -182,9 +217,29 @@ def _pymysql_tls(url: sa.engine.URL, args: dict[str, Any]) -> None:
             args.setdefault("ssl_verify_identity", True)
 
 
+# a TLS key's password: libpq's `sslpassword`, PyMySQL's `ssl_key_password`, the `ssl`
+# dict's `password`
+_KEY_PASSWORDS = ("sslpassword", "ssl_key_password")
+
+
 def redacted(url: str) -> str:
     """`url` with any password replaced, for error messages."""
-    return re.sub(r"(://[^:/@]*:)[^@/]*@", r"\1***@", url)
+    url = re.sub(r"(://[^:/@]*:)[^@/]*@", r"\1***@", url)
+    return re.sub(rf"([?&](?:{'|'.join(_KEY_PASSWORDS)})=)[^&]*", r"\1***", url)
+
+
+def secrets(url: sa.engine.URL, connect_args: Mapping[str, Any]) -> list[str]:
+    """Every secret of a connection: the password and a TLS key's password, from the
+    url or `connect_args`."""
+    found: list[Any] = [url.password]
+    for key in _KEY_PASSWORDS:
+        value = url.query.get(key)
+        found += list(value) if isinstance(value, tuple) else [value]
+        found.append(connect_args.get(key))
+    ssl = connect_args.get("ssl")
+    if isinstance(ssl, Mapping):
+        found.append(ssl.get("password"))
+    return [str(secret) for secret in found if secret]
 
 
 def sqlstate(error: BaseException) -> str | None:
