@@ -180,7 +180,7 @@ def tls_settings(
     if not isinstance(check_hostname, bool):
         raise TypeError(f"tls_check_hostname must be true or false, got {check_hostname!r}")
     if key_password is not None and not isinstance(key_password, str):
-        raise TypeError("tls_key_password must be a str")
+        raise TypeError(f"tls_key_password must be a str, not {type(key_password).__name__}")
     if (paths["tls_cert"] is None) != (paths["tls_key"] is None):
         raise ValueError("tls_cert and tls_key: give both, or neither")
     if key_password and paths["tls_key"] is None:

@@ -46,6 +46,7 @@ CLASSES: dict[str, type[ProviderBase]] = {
     "mariadb-least": DatabaseProvider,
     "postgresql-least": DatabaseProvider,
     "zookeeper-digest": ZooKeeperProvider,
+    "zookeeper-sasl": ZooKeeperProvider,
     # the topologies: one of each Redis type, so both scripts run on both
     "redis-sentinel": RedisHashProvider,
     "redis-cluster": RedisProvider,
@@ -66,6 +67,7 @@ SERVERS: dict[str, tuple[str, ...]] = {
     "mariadb-least": ("mariadb_least_privilege",),
     "postgresql-least": ("postgresql_least_privilege",),
     "zookeeper-digest": ("zookeeper_digest",),
+    "zookeeper-sasl": ("zookeeper_sasl_locker",),
     "postgresql": ("postgresql_server",),
     "chain": ("redis_server", "mariadb_server"),
     "redis-sentinel": ("sentinel_topology",),
@@ -82,6 +84,7 @@ DEAD_ADDRESS = {
     "mariadb-least": "mysql+pymysql://locks_dml:dml-pw@127.0.0.1:{port}/locks",
     "postgresql-least": "postgresql://locks_dml:dml-pw@127.0.0.1:{port}/locks",
     "zookeeper-digest": "locker:digest-pw@127.0.0.1:{port}",
+    "zookeeper-sasl": "locker:sasl-locker-pw@127.0.0.1:{port}",
     "zookeeper": "127.0.0.1:{port}",
     "mariadb": "mysql+pymysql://locks:pw@127.0.0.1:{port}/locks",
     "sqlite": "sqlite:////nonexistent-dir-{port}/locks.db",
@@ -116,11 +119,12 @@ def kinds(*, topologies: bool = True, **required: bool) -> list[str]:
 def make_provider(kind: str, address: str | None, **options: Any) -> LockProvider:
     if kind == "zookeeper-short-session":  # a holder whose death is noticed within 1 s
         return ZooKeeperProvider(address or "", session_timeout=1.0)
-    if kind == "zookeeper-digest":  # username:password@hosts, under a root of its own
+    if kind in ("zookeeper-digest", "zookeeper-sasl"):  # username:password@hosts
         credentials, hosts = (address or "@").rsplit("@", 1)
         username, password = credentials.split(":", 1)
-        return ZooKeeperProvider(hosts, username=username, password=password,
-                                 root="/locks-digest", **options)  # fmt: skip
+        auth = kind.removeprefix("zookeeper-")  # under a root of its own: /locks-digest
+        return ZooKeeperProvider(hosts, username=username, password=password, auth=auth,
+                                 root=f"/locks-{auth}", **options)  # fmt: skip
     if kind in ("mariadb-least", "postgresql-least"):  # no CREATE: the table is made
         return DatabaseProvider(address or "", create_table=False, **options)
     if kind == "chain":

@@ -7,7 +7,8 @@ import pytest
 
 from tests.backends import SERVERS, Backend
 
-pytest_plugins = ["tests.servers"]
+# ZooKeeper with SASL (tests/servers/zookeeper_sasl.py) is a plugin of its own
+pytest_plugins = ["tests.servers", "tests.servers.zookeeper_sasl"]
 
 
 @pytest.fixture(params=list(SERVERS))

@@ -4,6 +4,7 @@ holder's node, so the next waiter held the lock too."""
 
 from __future__ import annotations
 
+import logging
 import uuid
 from collections.abc import Iterator
 
@@ -99,3 +100,21 @@ def test_half_an_identity_is_refused_before_any_io() -> None:
         ZooKeeperProvider("127.0.0.1:1", username="locker")
     with pytest.raises(ValueError, match="username"):
         ZooKeeperProvider("127.0.0.1:1", username="a:b", password="pw")
+
+
+def test_kazoos_debug_log_never_shows_the_digest_password(
+    zookeeper_server: ZooKeeperServer, root: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """kazoo logs each request at DEBUG, the digest `Auth` with `user:password` in it:
+    the provider's clients log through a logger that masks it."""
+    caplog.set_level(logging.DEBUG)
+    provider = ZooKeeperProvider(zookeeper_server.url, root=root, username="app",
+                                 password="digest-pw-x21")  # fmt: skip
+    try:
+        lease = provider.acquire("k", ttl=None, wait=5)
+        assert lease is not None
+        provider.release(lease)
+    finally:
+        provider.close()
+    assert "Auth" in caplog.text  # kazoo did log the request
+    assert "digest-pw-x21" not in caplog.text

@@ -16,12 +16,13 @@ until it has (docs/topologies/zookeeper-ensemble.md has the windows measured).
 from __future__ import annotations
 
 import contextlib
+import importlib.util
 import inspect
 import logging
 import os
-import ssl
 import threading
 import time
+import weakref
 from collections.abc import Hashable
 from typing import Any
 
@@ -29,21 +30,23 @@ from kazoo.client import KazooClient
 from kazoo.exceptions import (
     AuthFailedError,
     ConnectionClosedError,
+    ConnectionDropped,
     ConnectionLoss,
     KazooException,
     NoAuthError,
     NodeExistsError,
     NoNodeError,
     OperationTimeoutError,
+    SessionClosedRequireSaslError,
     SessionExpiredError,
     SessionMovedError,
 )
 from kazoo.handlers.threading import KazooTimeoutError
 from kazoo.protocol.paths import _prefix_root
-from kazoo.protocol.serialization import Create2
+from kazoo.protocol.serialization import SASL, Create2
 from kazoo.protocol.states import EventType, KazooState
 from kazoo.retry import KazooRetry
-from kazoo.security import ACL, OPEN_ACL_UNSAFE, make_digest_acl
+from kazoo.security import ACL, OPEN_ACL_UNSAFE, make_acl, make_digest_acl
 
 from locks.base import Grant, ProviderBase
 from locks.errors import AccessDenied, BackendError, BackendUnavailable, ConfigError, LockError
@@ -51,9 +54,35 @@ from locks.forking import start_afresh_when_forked
 from locks.holds import Hold
 from locks.names import check_seconds, check_zookeeper_path, zookeeper_node_name
 from locks.provider import Capabilities, Holder, Lease
-from locks.tls import handshake_refusal
+from locks.tls import HandshakeProbe, TLSSettings, tls_settings
 
 logger = logging.getLogger("locks")
+
+
+class _Redacting(logging.Filter):
+    """kazoo logs every request at DEBUG, a digest `Auth` with its password among them:
+    our clients log through `_KAZOO_LOG`, whose records have every live provider's
+    secrets masked."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.providers: weakref.WeakSet[ZooKeeperProvider] = weakref.WeakSet()
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        secrets = [secret for provider in list(self.providers) for secret in provider._secrets()]
+        if secrets:
+            message = masked = record.getMessage()
+            for secret in secrets:
+                masked = masked.replace(secret, "***")
+            if masked != message:
+                record.msg, record.args = masked, ()
+        return True
+
+
+_REDACTING = _Redacting()
+# a child of kazoo's own logger: whatever logging kazoo is given applies
+_KAZOO_LOG = logging.getLogger("kazoo.client.locks")
+_KAZOO_LOG.addFilter(_REDACTING)
 
 _UNAVAILABLE = (
     ConnectionLoss,
@@ -65,8 +94,14 @@ _UNAVAILABLE = (
 )
 _SEQUENCE_DIGITS = 10  # ZooKeeper appends a 10-digit counter to sequential nodes
 _RECHECK = 1.0  # a waiter re-reads the queue at least this often, whatever its watch does
-# while kazoo cannot connect over TLS, a handshake of our own tells why at most this often
-_TLS_PROBE_EVERY = 1.0
+_AUTH_SCHEMES = ("digest", "sasl")
+# SASL exchanges the server cut in a row before that is taken for a refusal (one going
+# down mid-exchange is retried; some servers close the connection to refuse)
+_SASL_DROPS = 3
+# round trips of one SASL exchange before it is taken for a refusal: DIGEST-MD5 takes
+# two, and a server without SASL answers every message with an empty challenge, which
+# kazoo answers at once, until the session expires
+_SASL_ROUNDS = 8
 
 
 class _CreateContainer(Create2):  # type: ignore[misc]
@@ -82,7 +117,8 @@ class ZooKeeperProvider(ProviderBase):
 
     type_name = "zookeeper"
     unavailable_errors = _UNAVAILABLE
-    denied_errors = (NoAuthError, AuthFailedError)
+    # a server enforcing SASL answers a client without it SessionClosedRequireSasl
+    denied_errors = (NoAuthError, AuthFailedError, SessionClosedRequireSaslError)
     driver_errors = (KazooException,)
 
     capabilities = Capabilities(
@@ -108,37 +144,62 @@ class ZooKeeperProvider(ProviderBase):
         watchdog_ttl: float = 30.0,
         username: str | None = None,
         password: str | None = None,
+        auth: str = "digest",
         tls_ca: str | os.PathLike[str] | None = None,
         tls_cert: str | os.PathLike[str] | None = None,
         tls_key: str | os.PathLike[str] | None = None,
+        tls_key_password: str | None = None,
         tls_check_hostname: bool = True,
     ) -> None:
-        """`username` and `password`: authenticate with digest and give every node this
-        provider creates an ACL that admits only that identity (lock parents: create,
-        delete, read; lock nodes: read), so no other client of the ensemble can delete
-        a holder's node or queue in front of it. Without them, nodes are open to every
+        """`username` and `password`: authenticate as that identity and give every node
+        this provider creates an ACL that admits only it (lock parents: create, delete,
+        read; lock nodes: read), so no other client of the ensemble can delete a
+        holder's node or queue in front of it. Without them, nodes are open to every
         client (ZooKeeper's `world:anyone`). With a `client` passed in, its own
-        `auth_data` must hold the same identity.
+        `auth_data` (or `sasl_options`) must hold the same identity.
+
+        `auth`: how to authenticate, `"digest"` (ZooKeeper's own scheme: the server
+        cannot refuse it, a wrong password shows when a node's ACL does) or `"sasl"`
+        (DIGEST-MD5 against the server's JAAS users, needs the `zookeeper-sasl` extra:
+        the server checks the password at every connection, and with
+        `enforce.auth.schemes=sasl` refuses clients without one). A refused SASL
+        password is `AccessDenied`, and kazoo stops reconnecting after it.
 
         `tls_ca` (a PEM file of CAs), `tls_cert` and `tls_key` (a client certificate and
-        its key, both or neither): connect over TLS (to the servers' `secureClientPort`),
-        verifying the chain and, unless `tls_check_hostname` is False, that the
-        certificate names the host as written in `hosts`. A certificate that does not
-        verify, or a server that refuses ours, is `AccessDenied`."""
+        its key, both or neither; `tls_key_password` if the key is encrypted): connect
+        over TLS (to the servers' `secureClientPort`), verifying the chain and, unless
+        `tls_check_hostname` is False, that the certificate names the host as written
+        in `hosts`. A certificate that does not verify, or a server that refuses ours,
+        is `AccessDenied`."""
         super().__init__(name, watchdog_ttl)
-        self._tls = _tls_options(tls_ca, tls_cert, tls_key, tls_check_hostname)
+        if auth not in _AUTH_SCHEMES:
+            raise ValueError(f"auth must be 'digest' or 'sasl', got {auth!r}")
+        self.auth = auth
+        self._tls = _tls_options(tls_ca, tls_cert, tls_key, tls_key_password,
+                                 tls_check_hostname)  # fmt: skip
         if client is not None and self._tls:
             raise ValueError("tls_*: configure TLS on the KazooClient passed in, not here")
         if (username is None) != (password is None):
             raise ValueError("username and password: give both, or neither")
+        if auth == "sasl" and username is None:
+            raise ValueError("username and password: auth 'sasl' needs both")
         if username is not None and (not isinstance(username, str) or not username
                                      or ":" in username):  # fmt: skip
             raise ValueError(f"username must be a non-empty str without ':', got {username!r}")
         if password is not None and not isinstance(password, str):
             raise ValueError("password must be a str")
+        # kazoo's SASL needs pure-sasl, and finds out only once connected
+        if auth == "sasl" and client is None and importlib.util.find_spec("puresasl") is None:
+            raise ConfigError(
+                "auth 'sasl' needs the 'zookeeper-sasl' extra, whose module 'puresasl' is "
+                "not installed: pip install 'fallback-locks[zookeeper-sasl]'"
+            )
         self.username = username
         self._password = password
-        self._parent_acl, self._node_acl = _acls(username, password)
+        self._key_password = tls_key_password
+        if password or tls_key_password:
+            _REDACTING.providers.add(self)
+        self._parent_acl, self._node_acl = _acls(auth, username, password)
         self.root = check_zookeeper_path(root, "root")
         self.connect_timeout = check_seconds(connect_timeout, "connect_timeout")
         self.request_timeout = check_seconds(request_timeout, "request_timeout")
@@ -156,6 +217,7 @@ class ZooKeeperProvider(ProviderBase):
         self.address = ",".join(f"{host}:{port}" for host, port in client.hosts)
         self.address += client.chroot or ""
         self._reset()
+        self._hear_sasl(client)
         client.add_listener(self._on_state)
         start_afresh_when_forked(self)
 
@@ -166,17 +228,22 @@ class ZooKeeperProvider(ProviderBase):
         # the backoff lost half the leases of 1 s sessions in the leader elections
         # measured, though the ensemble served again within 0.5 s.
         pause = min(1.0, self._session_timeout / 10)
+        sasl = self.auth == "sasl"
+        digest = not sasl and self.username is not None
         try:
-            return KazooClient(
+            client = KazooClient(
                 hosts=hosts,
+                logger=_KAZOO_LOG,
                 timeout=self._session_timeout,
                 connection_retry=KazooRetry(max_tries=-1, delay=0.05, backoff=2, max_delay=pause),
-                auth_data=None if self.username is None
-                else [("digest", f"{self.username}:{self._password}")],
+                auth_data=[("digest", f"{self.username}:{self._password}")] if digest else None,
+                sasl_options={"mechanism": "DIGEST-MD5", "username": self.username,
+                              "password": self._password} if sasl else None,
                 **self._tls,
             )  # fmt: skip
         except (ValueError, KazooException) as exc:
             raise ValueError(f"hosts {hosts!r} is not a ZooKeeper connect string: {exc}") from exc
+        return client
 
     def _reset(self) -> None:
         self._lock = threading.Lock()
@@ -199,9 +266,57 @@ class ZooKeeperProvider(ProviderBase):
         self._forked_client = False
         # the last handshake of our own while kazoo could not connect over TLS: when,
         # and what refused us (None: nothing did)
-        self._tls_probe = threading.Lock()
-        self._tls_probed_at: float | None = None
-        self._tls_refusal: tuple[str, ssl.SSLError] | None = None
+        self._tls_probe = HandshakeProbe(self.client.hosts, self.connect_timeout)
+        # SASL (`_hear_sasl`): the error the server refused us with (kazoo has stopped),
+        # set once the first exchange has ended either way, drops mid-exchange in a row
+        self._refused: BaseException | None = None
+        self._sasl_settled = threading.Event()
+        self._sasl_drops = 0
+
+    def _hear_sasl(self, client: KazooClient) -> None:
+        """Learn how each SASL exchange of `client` ends, if it uses SASL (ours, or one
+        passed in). kazoo says CONNECTED before it authenticates, and a refusal
+        (`SessionClosedRequireSaslError` when the server enforces SASL) kills its
+        connection thread: callers see only a lost session, which would pass for an
+        outage. The refusal is kept (`_refused`: `AccessDenied` from then on) and handed
+        to kazoo as the `AuthFailedError` it stops on cleanly. A connection cut
+        mid-exchange is retried like any drop, unless it keeps happening; an exchange
+        that goes on and on is a server without SASL."""
+        connection = client._connection
+        if connection.sasl_options is None:
+            return
+        authenticate, submit = connection._authenticate_with_sasl, connection._submit
+
+        def submit_or_give_up(request: Any, timeout: float, xid: int | None = None) -> None:
+            if isinstance(request, SASL) and (xid or 0) > _SASL_ROUNDS:
+                raise AuthFailedError(f"no SASL exchange after {_SASL_ROUNDS} round trips: "
+                                      "does the server have a SASL authProvider?")  # fmt: skip
+            submit(request, timeout, xid)
+
+        def authenticate_and_tell(host: str, timeout: float) -> None:
+            try:
+                authenticate(host, timeout)
+            except (ConnectionDropped, KazooTimeoutError):
+                raise  # an outage: kazoo reconnects
+            except AuthFailedError as error:
+                if isinstance(error.__cause__, ConnectionDropped):  # kazoo's "dropped in SASL"
+                    self._sasl_drops += 1
+                    if self._sasl_drops < _SASL_DROPS:
+                        raise ConnectionDropped("connection cut during SASL") from error
+                self._refuse(error)
+                raise
+            except Exception as error:  # the server's error code, pure-sasl's errors
+                self._refuse(error)
+                raise AuthFailedError(f"SASL refused: {type(error).__name__}") from error
+            self._sasl_drops = 0
+            self._sasl_settled.set()
+
+        connection._authenticate_with_sasl = authenticate_and_tell
+        connection._submit = submit_or_give_up
+
+    def _refuse(self, error: BaseException) -> None:
+        self._refused = error
+        self._sasl_settled.set()
 
     def after_fork_in_child(self) -> None:
         # kazoo's threads are gone here and its socket is the parent's session: a child
@@ -210,6 +325,7 @@ class ZooKeeperProvider(ProviderBase):
         if self._owns_client:
             hosts = self.address
             self.client = self._new_client(hosts)
+            self._hear_sasl(self.client)
             self.client.add_listener(self._on_state)
         else:
             self._forked_client = True
@@ -217,8 +333,8 @@ class ZooKeeperProvider(ProviderBase):
     def _domain(self) -> Hashable:
         return ("zookeeper", self.address, self.root)
 
-    def _secret(self) -> str | None:
-        return self._password
+    def _secrets(self) -> list[str]:
+        return [secret for secret in (self._password, self._key_password) if secret]
 
     # -- connection and errors ----------------------------------------------------------
 
@@ -238,64 +354,59 @@ class ZooKeeperProvider(ProviderBase):
                     self._started = self.client.start_async()
                 started = self._started
         # while the first connection is being made, callers wait for it (up to
-        # connect_timeout from its start); after that they fail fast
-        if not self._connected_once:
+        # connect_timeout from its start); after that they fail fast. With SASL, for its
+        # first exchange to end too: kazoo is CONNECTED before it authenticates
+        sasl = self._sasl_settled if self._owns_client and self.auth == "sasl" else None
+        if not self._connected_once or (sasl is not None and not sasl.is_set()):
             left = self._started_at + self.connect_timeout - time.monotonic()
             if left > 0:
-                started.wait(left)
+                (started if sasl is None else sasl).wait(left)
+        self._check_refused()
         if self.client.state != KazooState.CONNECTED:
             if self.client.use_ssl:
                 self._check_tls()
             raise self._unavailable(ConnectionLoss(f"session is {self.client.state}"))
+
+    def _check_refused(self) -> None:
+        """Raise `AccessDenied` if the server refused our SASL authentication."""
+        refused = self._refused
+        if refused is not None:
+            raise AccessDenied(
+                f"{self._where()} refused SASL authentication as {self.username!r}: "
+                f"{self._detail(refused)} (check username and password)",
+                backend=self.name, address=self.address,
+            ) from refused  # fmt: skip
+
+    def _classify(self, error: BaseException) -> type[BackendUnavailable] | type[BackendError]:
+        """Once the server has refused our SASL authentication, kazoo has stopped: a call
+        fails with a lost or closed connection, which is that refusal, not an outage."""
+        if self._refused is not None:
+            return AccessDenied
+        return super()._classify(error)
 
     def _check_tls(self) -> None:
         """Raise `AccessDenied` if TLS refused us. kazoo retries a handshake that failed
         as if the server were down, and its caller sees a connection time-out either
         way: one handshake of our own, with the client's settings, to the first host
         that takes a connection tells a certificate that does not verify, or a server
-        refusing ours, from an outage. Only while not connected, at most once a second
-        (calls meanwhile get the last verdict), within `connect_timeout`."""
-        now = time.monotonic()
-        probed_at = self._tls_probed_at
-        if (probed_at is None or now - probed_at >= _TLS_PROBE_EVERY) and (
-            self._tls_probe.acquire(blocking=False)
-        ):
-            try:
-                self._tls_refusal = handshake_refusal(
-                    self.client.hosts, self._tls_context(), self.connect_timeout
-                )
-                self._tls_probed_at = time.monotonic()
-            finally:
-                self._tls_probe.release()
-        refusal = self._tls_refusal
-        if refusal is not None:
-            address, error = refusal
-            raise AccessDenied(
-                f"{self._where()} refused TLS at {address}: {self._detail(error)} "
-                "(check tls_ca, tls_cert, tls_key and the host names in hosts)",
-                backend=self.name, address=self.address,
-            ) from error  # fmt: skip
-
-    def _tls_context(self) -> ssl.SSLContext:
-        """The context kazoo builds for each connection (`create_tcp_connection`), from
-        the client's settings: the system's CAs are trusted too."""
+        refusing ours, from an outage (`locks.tls.HandshakeProbe`: at most once a second,
+        within `connect_timeout`). Only while not connected."""
         client = self.client
-        context = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
-        context.load_default_certs(ssl.Purpose.SERVER_AUTH)
-        context.check_hostname = bool(getattr(client, "check_hostname", False))  # kazoo>=2.11
-        context.verify_mode = ssl.CERT_REQUIRED if client.verify_certs else ssl.CERT_NONE
+        if not client.verify_certs:  # a client passed in that verifies nothing
+            return
+        settings = TLSSettings(client.ca, client.certfile, client.keyfile,
+                               client.keyfile_password or None,
+                               bool(getattr(client, "check_hostname", False)))  # fmt: skip
         try:
-            if client.ca:
-                context.load_verify_locations(client.ca)
-            if client.certfile and client.keyfile:
-                context.load_cert_chain(client.certfile, client.keyfile,
-                                        password=client.keyfile_password)  # fmt: skip
-        except OSError as error:  # a file missing or unreadable, a key not the cert's
+            context = settings.context()
+        except OSError as error:  # a client passed in whose files do not load
             raise BackendError(
                 f"{self._where()}: cannot load its TLS files: {self._detail(error)}",
                 backend=self.name, address=self.address,
             ) from error  # fmt: skip
-        return context
+        refusal = self._tls_probe.refusal(context)
+        if refusal is not None:
+            raise self._refused_tls(*refusal)
 
     def _get(self, async_result: Any) -> Any:
         return async_result.get(timeout=self.request_timeout)
@@ -678,39 +789,34 @@ def _tls_options(
     ca: str | os.PathLike[str] | None,
     cert: str | os.PathLike[str] | None,
     key: str | os.PathLike[str] | None,
+    key_password: str | None,
     check_hostname: bool,
 ) -> dict[str, Any]:
-    """kazoo's TLS arguments (none without TLS): checked, verifying by default."""
-    paths: dict[str, str | None] = {}
-    for option, value in (("tls_ca", ca), ("tls_cert", cert), ("tls_key", key)):
-        if value is not None and not isinstance(value, (str, os.PathLike)):
-            raise TypeError(f"{option} must be a path, not {type(value).__name__}")
-        path = None if value is None else os.fspath(value)
-        if path == "":
-            raise ValueError(f"{option} must be a path, not empty")
-        paths[option] = path
-    if not isinstance(check_hostname, bool):
-        raise TypeError(f"tls_check_hostname must be true or false, got {check_hostname!r}")
-    if (paths["tls_cert"] is None) != (paths["tls_key"] is None):
-        raise ValueError("tls_cert and tls_key: give both, or neither")
-    if paths["tls_ca"] is None and paths["tls_cert"] is None:
-        if not check_hostname:
-            raise ValueError("tls_check_hostname is for TLS: give tls_ca (or tls_cert)")
+    """kazoo's TLS arguments (none without TLS): checked, its files loaded, verifying by
+    default."""
+    settings = tls_settings(ca, cert, key, key_password, check_hostname)
+    if settings is None:
         return {}
     if "check_hostname" not in inspect.signature(KazooClient).parameters:
         raise ConfigError("tls_*: TLS needs kazoo>=2.11 (before, kazoo never checks the host "
                           "name): pip install 'kazoo>=2.11'")  # fmt: skip
-    return {"use_ssl": True, "ca": paths["tls_ca"], "certfile": paths["tls_cert"],
-            "keyfile": paths["tls_key"], "verify_certs": True,
-            "check_hostname": check_hostname}  # fmt: skip
+    settings.checked()
+    # never None: OpenSSL would ask for an encrypted key's password on the terminal
+    return {"use_ssl": True, "ca": settings.ca, "certfile": settings.cert,
+            "keyfile": settings.key, "keyfile_password": settings.key_password or "",
+            "verify_certs": True, "check_hostname": settings.check_hostname}  # fmt: skip
 
 
-def _acls(username: str | None, password: str | None) -> tuple[list[ACL], list[ACL]]:
+def _acls(auth: str, username: str | None, password: str | None) -> tuple[list[ACL], list[ACL]]:
     """The ACLs of lock parents and of lock nodes. ZooKeeper's ACLs are per node and not
     inherited: creating or deleting a child needs CREATE or DELETE on its parent, so
-    every node is given its own, never kazoo's open default."""
+    every node is given its own, never kazoo's open default. A SASL identity is named
+    by its user alone (`sasl:<username>`): the server checked the password."""
     if username is None or password is None:
         return list(OPEN_ACL_UNSAFE), list(OPEN_ACL_UNSAFE)
+    if auth == "sasl":
+        parent = make_acl("sasl", username, read=True, create=True, delete=True)
+        return [parent], [make_acl("sasl", username, read=True)]
     parent = make_digest_acl(username, password, read=True, create=True, delete=True)
     return [parent], [make_digest_acl(username, password, read=True)]
 

@@ -1,7 +1,7 @@
 """Least-privileged users of the session's servers, granted exactly what docs/security.md
 tells operators to grant, so that the contract suite proves it is enough (kinds
-`redis-acl`, `redis-hash-acl`, `mariadb-least`, `postgresql-least`, `zookeeper-digest`
-in tests/backends.py)."""
+`redis-acl`, `redis-hash-acl`, `mariadb-least`, `postgresql-least`, `zookeeper-digest`,
+`zookeeper-sasl` in tests/backends.py)."""
 
 from __future__ import annotations
 
@@ -9,6 +9,7 @@ import pytest
 
 from tests.servers import MariaDBServer, RedisServer, ZooKeeperServer
 from tests.servers.postgresql import PostgreSQLServer
+from tests.servers.zookeeper_sasl import USERS, SASLZooKeeperServer
 
 
 class LeastPrivileged:
@@ -72,3 +73,10 @@ def zookeeper_digest(zookeeper_server: ZooKeeperServer) -> LeastPrivileged:
     """A digest identity (`username:password@hosts`, split again by tests/backends.py);
     its nodes go under a root of its own, which it creates with its ACL."""
     return LeastPrivileged(f"locker:digest-pw@{zookeeper_server.url}")
+
+
+@pytest.fixture
+def zookeeper_sasl_locker(zookeeper_sasl: SASLZooKeeperServer) -> LeastPrivileged:
+    """The SASL user `locker` of a server that admits SASL clients only
+    (`username:password@hosts`, split again by tests/backends.py)."""
+    return LeastPrivileged(f"locker:{USERS['locker']}@{zookeeper_sasl.url}")
