@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 import redis
@@ -56,7 +57,9 @@ def test_a_redis_user_missing_a_command_a_script_runs_is_denied(
 def test_a_redis_user_without_the_channel_pattern_is_denied(
     redis_server: RedisServer, key: str
 ) -> None:
-    """Redis 7 gives a new user no channel at all: the release's PUBLISH is refused."""
+    """Redis 7 gives a new user no channel at all: a waiter's SUBSCRIBE is refused, and
+    so is the PUBLISH of a release that someone waits for. Uncontended, neither is sent:
+    the lock works until the first wait."""
     user = f"nochan-{uuid.uuid4().hex[:8]}"
     rule = acl_rule().replace(" &locks:*", "")
     with redis.Redis.from_url(redis_server.url) as admin:
@@ -64,9 +67,13 @@ def test_a_redis_user_without_the_channel_pattern_is_denied(
     url = redis_server.url.replace("redis://", f"redis://{user}:pw-x2@")
     provider = RedisHashProvider(url)
     try:
-        with pytest.raises(AccessDenied):
-            lease = provider.acquire(key, ttl=30, wait=0)
-            assert lease is not None
+        lease = provider.acquire(key, ttl=30, wait=0)
+        assert lease is not None
+        with ThreadPoolExecutor(1) as other:  # another owner waits: SUBSCRIBE
+            waiter = other.submit(provider.acquire, key, ttl=30, wait=2)
+            with pytest.raises(AccessDenied):
+                waiter.result(timeout=30)
+        with pytest.raises(AccessDenied):  # it marked the lock: the release publishes
             provider.release(lease)
     finally:
         provider.close()

@@ -241,6 +241,59 @@ def test_all_waiters_share_one_subscriber_connection(
         provider.release(result)
 
 
+def _publishes(admin: redis.Redis) -> int:
+    """PUBLISH calls the server has run, inside scripts too."""
+    stats = admin.info("commandstats")
+    return int(stats.get("cmdstat_publish", {}).get("calls", 0))
+
+
+def test_a_release_nobody_waits_for_publishes_nothing(
+    provider: _RedisProviderBase, admin: redis.Redis, key: str
+) -> None:
+    """Uncontended, and tries that do not wait (wait=0) on a held lock: no PUBLISH."""
+    before = _publishes(admin)
+    for _ in range(20):
+        lease = provider.acquire(key, ttl=30, wait=0)
+        assert lease is not None
+        assert in_thread(lambda: provider.acquire(key, ttl=30, wait=0)) is None
+        provider.release(lease)
+    assert _publishes(admin) == before
+    assert admin.exists(provider._keys(key).waiting) == 0
+
+
+def test_every_waiter_is_woken_by_a_publish_including_a_winners_neighbours(
+    provider: _RedisProviderBase, admin: redis.Redis, key: str
+) -> None:
+    """Three threads of one process wait on a lock held with a 30 s ttl; each release
+    wakes the next within a second, not the 30 s PTTL: the mark a waiter left stays
+    after the first release, for the waiters of the process whose neighbour won."""
+    holder = provider.acquire(key, ttl=30)
+    assert holder is not None
+    order: list[float] = []
+
+    def wait_then_hold() -> None:
+        lease = provider.acquire(key, ttl=30, wait=20)
+        assert lease is not None
+        order.append(time.monotonic())
+        time.sleep(0.1)
+        provider.release(lease)
+
+    threads = [threading.Thread(target=wait_then_hold) for _ in range(3)]
+    for thread in threads:
+        thread.start()
+    time.sleep(0.5)  # all three asleep
+    before = _publishes(admin)
+    released = time.monotonic()
+    provider.release(holder)
+    for thread in threads:
+        thread.join(30)
+    assert len(order) == 3
+    assert order[-1] - released < 3  # three hand-offs, none waited out the 30 s PTTL
+    assert _publishes(admin) - before >= 3
+    mark = admin.pttl(provider._keys(key).waiting)
+    assert 0 < mark <= 21_000  # bounded by the waiters' wait (20 s) plus a second
+
+
 def test_an_existing_client_is_accepted_even_decoding_responses(
     redis_server: RedisServer, key: str
 ) -> None:

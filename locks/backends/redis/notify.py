@@ -34,7 +34,7 @@ from redis.client import PubSub
 from redis.exceptions import RedisClusterException, RedisError
 
 from locks.backends.redis.topology import Client
-from locks.errors import LockError
+from locks.errors import AccessDenied, LockError
 
 logger = logging.getLogger("locks")
 
@@ -101,6 +101,14 @@ class Waiter(Generic[T]):
             raise result.error
         return result
 
+    def _fail(self, error: Exception) -> None:
+        """Wake with `error` to raise (under the notifier's lock), unless an attempt for
+        it is under way (its outcome comes first)."""
+        if self._state != _CLAIMED:
+            self._result = _Failure(error)
+            self._pending = False
+            self._woken.set()
+
     def _wake(self) -> None:
         """Wake without an attempt (under the notifier's lock)."""
         if self._state == _SLEEPING:
@@ -144,10 +152,11 @@ class ReleaseNotifier:
             with self._lock:
                 if self._pid != os.getpid():  # forked: the parent's subscriber is not ours
                     self._reset()
+                if channel not in self._subscribed:  # else subscribed, maybe idle, or resubscribing
+                    self._subscribe(channel)
+                self._idle_since.pop(channel, None)
                 queue = self._waiters.get(channel)
                 if queue is None:
-                    if self._idle_since.pop(channel, None) is None:
-                        self._subscribe(channel)
                     queue = self._waiters[channel] = deque()
                 subscribed = self._subscribed[channel]
                 queue.append(waiter)
@@ -225,6 +234,10 @@ class ReleaseNotifier:
                     if self._closed or pubsub is not self._pubsub:
                         return
                     self._pubsub = None
+                if self._refused(exc):
+                    with contextlib.suppress(Exception):
+                        pubsub.close()
+                    return
                 self._connection_broke(exc)
                 with contextlib.suppress(Exception):
                     pubsub.close()
@@ -284,6 +297,22 @@ class ReleaseNotifier:
                     logger.debug("redis release notifications: resubscribe failed: %s", exc)
                     continue
                 return
+
+    def _refused(self, exc: Exception) -> bool:
+        """A subscription the server refused (the ACL grants no such channel): every
+        waiter raises it, and nothing is resubscribed until the next waiter asks — a
+        misconfiguration never turns quietly into polling."""
+        error = self._translate(exc)
+        if not isinstance(error, AccessDenied):
+            return False
+        error.__cause__ = exc
+        with self._lock:
+            self._subscribed.clear()
+            self._idle_since.clear()
+            for queue in self._waiters.values():
+                for waiter in queue:
+                    waiter._fail(error)
+        return True
 
     def _connection_broke(self, exc: BaseException) -> None:
         """Wake every waiter: each retries now and either wins or reports the outage."""

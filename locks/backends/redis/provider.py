@@ -57,6 +57,9 @@ class _Keys:
     lock: str
     fence: str
     channel: str
+    waiting: str  # marked while someone waits: a release publishes only then (scripts.py)
+    acquire: list[str]  # the acquire script's KEYS
+    release: list[str]  # the release script's KEYS
 
 
 class _NotReplicated(Exception):
@@ -153,8 +156,12 @@ class _RedisProviderBase(ProviderBase):
     # -- the algorithm's part -----------------------------------------------------------
 
     @abstractmethod
-    def _acquire_args(self, keys: _Keys, owner: str, token: str, ttl_ms: int) -> list[Any]:
-        """ARGV of this algorithm's acquire script."""
+    def _acquire_args(
+        self, keys: _Keys, owner: str, token: str, ttl_ms: int, wait_ms: int
+    ) -> list[Any]:
+        """ARGV of this algorithm's acquire script; `wait_ms`: how long a failed try may
+        still wait (-1 for ever, 0 not at all), for which it marks the lock so that the
+        release wakes it."""
 
     @abstractmethod
     def _value(self, owner: str, token: str) -> str:
@@ -231,9 +238,10 @@ class _RedisProviderBase(ProviderBase):
     ) -> Grant | int | None:
         """A Grant, None (give up), or the ms to wait before the next try."""
         sent_at = time.monotonic()
-        args = self._acquire_args(keys, owner, token, ttl_ms)
+        wait_ms = -1 if deadline is None else max(0, math.ceil((deadline - sent_at) * 1000))
+        args = self._acquire_args(keys, owner, token, ttl_ms, wait_ms)
         try:
-            reply, acks = self._call(self._acquire_script, [keys.lock, keys.fence], args)
+            reply, acks = self._call(self._acquire_script, keys.acquire, args)
         except (*self.driver_errors, *self.unavailable_errors) as exc:
             raise self._error(exc, ambiguous=_maybe_sent(exc), key=keys.name, token=token) from exc
         self._answering = True
@@ -260,8 +268,8 @@ class _RedisProviderBase(ProviderBase):
         the same connection) nor on a cluster."""
         keys = self._keys(key)
         sent_at = time.monotonic()
-        args = self._acquire_args(keys, owner, token, _ms(ttl))
-        read = self._send(self._acquire_script, [keys.lock, keys.fence], args, key, token)
+        args = self._acquire_args(keys, owner, token, _ms(ttl), 0)
+        read = self._send(self._acquire_script, keys.acquire, args, key, token)
         if read is None:
             return None
 
@@ -275,7 +283,7 @@ class _RedisProviderBase(ProviderBase):
     def _start_release(self, lease: Lease) -> Callable[[], bool]:
         keys = self._keys(lease.key)
         args = [self._value(lease.owner, lease.token), keys.channel]
-        read = self._send(self._release_script, [keys.lock], args, lease.key)
+        read = self._send(self._release_script, keys.release, args, lease.key)
         if read is None:
             return super()._start_release(lease)
         return lambda: bool(read() == 1)
@@ -356,7 +364,7 @@ class _RedisProviderBase(ProviderBase):
             return
         try:
             script_args = [self._value(owner, token), keys.channel]
-            self._release_script(self.topology.client(), [keys.lock], script_args)
+            self._release_script(self.topology.client(), keys.release, script_args)
         except (*self.driver_errors, *self.unavailable_errors) as exc:
             raise self._error(exc, ambiguous=True, key=keys.name, token=token) from exc
         if isinstance(acks, Exception):  # e.g. WAITAOF on a server that lacks it
@@ -370,7 +378,7 @@ class _RedisProviderBase(ProviderBase):
     def _release(self, lease: Lease) -> bool:
         keys = self._keys(lease.key)
         args = [self._value(lease.owner, lease.token), keys.channel]
-        return bool(self._script(self._release_script, [keys.lock], args) == 1)
+        return bool(self._script(self._release_script, keys.release, args) == 1)
 
     def _extend(self, lease: Lease, ttl: float) -> bool:
         """With `sync_replicas`, a renewal the replicas did not acknowledge failed: the
@@ -465,8 +473,10 @@ class RedisProvider(_RedisProviderBase):
     release_lua = scripts.PLAIN_RELEASE
     extend_lua = scripts.PLAIN_EXTEND
 
-    def _acquire_args(self, keys: _Keys, owner: str, token: str, ttl_ms: int) -> list[Any]:
-        return [self._value(owner, token), ttl_ms, self.fence_ttl_ms]
+    def _acquire_args(
+        self, keys: _Keys, owner: str, token: str, ttl_ms: int, wait_ms: int
+    ) -> list[Any]:
+        return [self._value(owner, token), ttl_ms, self.fence_ttl_ms, wait_ms]
 
     def _value(self, owner: str, token: str) -> str:
         """The owner first, so the acquire script can tell the holder's own second
@@ -498,8 +508,10 @@ class RedisHashProvider(_RedisProviderBase):
     release_lua = scripts.HASH_RELEASE
     extend_lua = scripts.HASH_EXTEND
 
-    def _acquire_args(self, keys: _Keys, owner: str, token: str, ttl_ms: int) -> list[Any]:
-        return [token, ttl_ms, self.fence_ttl_ms, owner]
+    def _acquire_args(
+        self, keys: _Keys, owner: str, token: str, ttl_ms: int, wait_ms: int
+    ) -> list[Any]:
+        return [token, ttl_ms, self.fence_ttl_ms, owner, wait_ms]
 
     def _value(self, owner: str, token: str) -> str:
         return token
@@ -541,9 +553,11 @@ def _seconds(pttl: Any) -> float | None:
 
 @functools.lru_cache(maxsize=4096)
 def _keys(prefix: str, key: str) -> _Keys:
-    """The lock key, fence key and release channel of `key`, sharing one hash tag."""
+    """The lock key, fence key, waiting mark and release channel of `key`, sharing one
+    hash tag."""
     base = f"{prefix}:{{{redis_hash_tag(key)}}}"
-    return _Keys(key, base, base + ":fence", base + ":released")
+    lock, fence = base, base + ":fence"
+    return _Keys(key, lock, fence, base + ":released", base + ":waiting", [lock, fence], [lock])
 
 
 def _ms(seconds: float) -> int:

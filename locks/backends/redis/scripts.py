@@ -12,6 +12,17 @@ path (a bare integer):
 The two lock types exclude each other on one name: each reads the other's key as held
 (never a WRONGTYPE error), and both draw fences from the same counter.
 
+A release publishes only when someone waits: an acquire that finds the lock held and
+will wait for it (the last ARGV: how many ms it may still wait, -1 for ever, 0 not at
+all) marks the lock's `waiting` key, which lives until after that waiter's next try of
+its own (the shorter of the holder's PTTL and its wait, plus a second; a longer mark is
+never shortened). A release finding no mark wakes nobody, since nobody
+sleeps: a waiter that fails again marks again before it sleeps. The mark is not cleared
+by a release, so the other waiters of a process that won keep their wake-ups. The mark
+(`<lock key>:waiting`) is not among a script's KEYS: it shares the lock's hash tag, so
+it lives on the lock's node, and usually it does not exist — declared, it would turn
+every call during a Cluster slot migration into TRYAGAIN (some keys moved, some not).
+
 Fence rule (shared by both acquire scripts): each lock has a counter key. A grant
 increments it; when the increment finds no counter (first use, or the counter
 expired), the counter is seeded from the server clock in microseconds, with a
@@ -42,18 +53,46 @@ end
 # What both acquire scripts return when the key is held by someone else: -1 - pttl. A key
 # that vanished between two calls of a script cannot happen (a script sees one instant),
 # but a negative PTTL must never turn into a positive reply, which would read as a fence.
-_HELD = """
+# A caller that will wait (`waits` ms, -1 for ever) marks the lock until after its next
+# try of its own: it sleeps at most pttl (-1, no expiry: it polls) and at most its wait.
+_MARK = """
+local wait = tonumber(waits)
+if wait ~= 0 then
+  local mark, waiting = math.max(pttl, 0), KEYS[1] .. ':waiting'
+  if wait > 0 and wait < mark then mark = wait end
+  mark = mark + 1000
+  if redis.call('PTTL', waiting) < mark then
+    redis.call('SET', waiting, '1', 'PX', mark)
+  end
+end
+"""
+_HELD = (
+    """
 local pttl = redis.call('PTTL', KEYS[1])
 if pttl < -1 then pttl = 0 end
+"""
+    + _MARK
+    + """
 return -1 - pttl
 """
+)
 
-# KEYS: lock, fence.  ARGV: value (owner .. '/' .. token), ttl ms, fence ttl ms
-# Telling the holder's own second acquire apart lets a caller that would wait forever
-# for itself be refused instead of deadlocked. `pcall`: a lock of the `redis-hash` type
-# under the same name is a hash, which GET cannot read; it simply excludes us.
+# Wakes the waiters of the lock KEYS[1] on channel ARGV[2], if its mark says any wait.
+_WAKE = """
+  if redis.call('EXISTS', KEYS[1] .. ':waiting') == 1 then
+    redis.call('PUBLISH', ARGV[2], '1')
+  end
+"""
+
+# KEYS: lock, fence.  ARGV: value (owner .. '/' .. token), ttl ms, fence ttl ms,
+# waits (ms a failed try may wait: -1 for ever, 0 not at all). Telling the holder's own
+# second acquire apart lets a caller that would wait forever for itself be refused
+# instead of deadlocked.
+# `pcall`: a lock of the `redis-hash` type under the same name is a hash, which GET
+# cannot read; it simply excludes us.
 PLAIN_ACQUIRE = (
     """
+local waits = ARGV[4]
 if redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then
 """
     + _NEXT_FENCE
@@ -64,7 +103,11 @@ local holder = redis.pcall('GET', KEYS[1])
 if type(holder) == 'string' then
   local owner = string.match(ARGV[1], '^[^/]*/')
   if string.sub(holder, 1, string.len(owner)) == owner then
-    return {redis.call('PTTL', KEYS[1])}
+    local pttl = redis.call('PTTL', KEYS[1])
+"""
+    + _MARK
+    + """
+    return {pttl}
   end
 end
 """
@@ -72,14 +115,18 @@ end
 )
 
 # KEYS: lock.  ARGV: value, channel.  Returns 1 if released, 0 if not held under value.
-PLAIN_RELEASE = """
+PLAIN_RELEASE = (
+    """
 if redis.pcall('GET', KEYS[1]) == ARGV[1] then
   redis.call('DEL', KEYS[1])
-  redis.call('PUBLISH', ARGV[2], '1')
+"""
+    + _WAKE
+    + """
   return 1
 end
 return 0
 """
+)
 
 # KEYS: lock.  ARGV: value, ttl ms.  Returns 1 if extended, 0 if not held under value.
 PLAIN_EXTEND = """
@@ -95,9 +142,10 @@ return 0
 # owner is a grant its process lost track of (a lost reply, a release not yet
 # delivered): it is taken over as a new grant, with a new token and fence, so the old
 # token's late release can no longer touch it.
-# KEYS: lock, fence.  ARGV: token, ttl ms, fence ttl ms, owner
+# KEYS: lock, fence.  ARGV: token, ttl ms, fence ttl ms, owner, waits
 HASH_ACQUIRE = (
     """
+local waits = ARGV[5]
 if redis.call('EXISTS', KEYS[1]) == 1 and not (redis.call('TYPE', KEYS[1]).ok == 'hash'
     and redis.call('HEXISTS', KEYS[1], ARGV[4]) == 1) then
 """
@@ -114,14 +162,18 @@ return fence
 )
 
 # KEYS: lock.  ARGV: token, channel.  Returns 1 if released, 0 if not held under token.
-HASH_RELEASE = """
+HASH_RELEASE = (
+    """
 if redis.pcall('HGET', KEYS[1], '~token') == ARGV[1] then
   redis.call('DEL', KEYS[1])
-  redis.call('PUBLISH', ARGV[2], '1')
+"""
+    + _WAKE
+    + """
   return 1
 end
 return 0
 """
+)
 
 # KEYS: lock.  ARGV: token, ttl ms.  Returns 1 if extended, 0 if not held under token.
 HASH_EXTEND = """
