@@ -18,8 +18,9 @@ import socket
 import ssl
 import threading
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 # OpenSSL's reasons (`SSLError.reason`) that only a peer that is up and refuses us, or
 # our own TLS settings, can cause. Never an EOF, a reset or a time-out: a server that
@@ -194,27 +195,89 @@ def tls_settings(
 
 
 class HandshakeProbe:
-    """`handshake_refusal` for a driver that hides TLS failures, asked at most once a
-    second (calls meanwhile get the last verdict; a call while another probes does not
-    wait for it), so an outage costs one extra connection a second, not one a call."""
+    """Handshakes of our own for a driver that hides why it reached no server, asked at
+    most once a second (calls meanwhile get the last verdict; a call while another
+    probes does not wait for it), so an outage costs one extra connection a second, not
+    one a call."""
 
     def __init__(self, addresses: Sequence[tuple[str, int]], timeout: float) -> None:
         self.addresses = list(addresses)
         self.timeout = timeout
         self._lock = threading.Lock()
         self._probed_at: float | None = None
-        self._refusal: tuple[str, ssl.SSLError] | None = None
+        self._verdict: Any = None
 
     def refusal(self, context: ssl.SSLContext) -> tuple[str, ssl.SSLError] | None:
-        """The address that refused our TLS and why, or None."""
+        """For a TLS client: the address that refused our TLS and why, or None."""
+        verdict: tuple[str, ssl.SSLError] | None = self._ask(
+            lambda: handshake_refusal(self.addresses, context, self.timeout)
+        )
+        return verdict
+
+    def speaks_tls(self, hello: bytes) -> str | None:
+        """For a plaintext client: the first address that serves TLS only, or None
+        (`hello`: a plaintext request its protocol answers at once)."""
+        verdict: str | None = self._ask(lambda: tls_answer(self.addresses, self.timeout, hello))
+        return verdict
+
+    def _ask(self, check: Callable[[], Any]) -> Any:
         probed_at = self._probed_at
         now = time.monotonic()
         if (probed_at is None or now - probed_at >= _PROBE_EVERY) and self._lock.acquire(
             blocking=False
         ):
             try:
-                self._refusal = handshake_refusal(self.addresses, context, self.timeout)
+                self._verdict = check()
                 self._probed_at = time.monotonic()
             finally:
                 self._lock.release()
-        return self._refusal
+        return self._verdict
+
+
+def tls_answer(addresses: Sequence[tuple[str, int]], timeout: float, hello: bytes) -> str | None:
+    """The first of `addresses` that takes a TCP connection and serves TLS only, within
+    `timeout`: a plaintext client's server. A plaintext `hello` first (a server that
+    answers it in its own protocol is no TLS server: told at once, never waited on);
+    only on an EOF, a reset or a TLS alert, a handshake, which such a server completes
+    or refuses with an alert (one that wants our certificate). None otherwise."""
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
+    context.check_hostname = False
+    context.verify_mode = ssl.CERT_NONE  # whether it speaks TLS, not whom we trust
+    deadline = time.monotonic() + timeout
+    for host, port in addresses:
+        try:
+            answer = _answer(host, port, hello, deadline)
+        except OSError:
+            continue  # refused, unreachable: the next one
+        if answer and answer[0] != _TLS_ALERT:
+            return None  # it answered in plaintext
+        try:
+            with socket.create_connection((host, port), timeout=_left(deadline)) as sock:
+                sock.settimeout(_left(deadline))
+                with context.wrap_socket(sock, server_hostname=host):
+                    return f"{host}:{port}"
+        except ssl.SSLError as error:
+            alert = "ALERT" in str(getattr(error, "reason", "") or "")
+            return f"{host}:{port}" if alert else None
+        except OSError:
+            return None
+    return None
+
+
+_TLS_ALERT = 0x15  # the content type of a TLS alert record
+
+
+def _answer(host: str, port: int, hello: bytes, deadline: float) -> bytes:
+    """The first bytes `host:port` answers `hello` with; b"" for an EOF or a reset. A
+    refused connection raises OSError."""
+    with socket.create_connection((host, port), timeout=_left(deadline)) as sock:
+        sock.settimeout(_left(deadline))
+        try:
+            sock.sendall(hello)
+            return sock.recv(16)
+        except (ConnectionError, TimeoutError):
+            return b""
+
+
+def _left(deadline: float) -> float:
+    return max(deadline - time.monotonic(), 0.001)

@@ -9,8 +9,9 @@ and says so (docs/security.md has the table):
 - Redis (redis-py): a missing client certificate (TLS 1.3: our side of the handshake
   ends first) is the server's alert at our first read or, as often, an EOF at our first
   write; on the EOF the provider's own handshake reads the alert: `AccessDenied`. A
-  plaintext client on the TLS port (a reset) and a TLS client on a plaintext port (a
-  handshake time-out) look like a server going away: `BackendUnavailable`. Sentinel and
+  plaintext client on the TLS port meets a reset, on which a TLS handshake of ours finds
+  a TLS-only server: `AccessDenied`. A TLS client on a plaintext port times out, as
+  against a server that hangs: `BackendUnavailable`. Sentinel and
   Cluster clients keep only the text of why they reached no node: the same handshake
   tells (tests/test_tls_topologies.py).
 - ZooKeeper (kazoo): every TLS failure is a connect time-out; the provider's own
@@ -202,11 +203,14 @@ def test_redis_without_a_client_certificate_is_denied(redis_tls: TLSRedisServer,
         assert "CERTIFICATE_REQUIRED" in str(denied)
 
 
-def test_redis_plaintext_against_the_tls_port_looks_like_an_outage(
+def test_redis_plaintext_against_the_tls_port_is_denied(
     redis_tls: TLSRedisServer, key: str
 ) -> None:
-    """The server resets a connection that does not start a handshake: a reset."""
-    unavailable(lambda: RedisProvider(f"redis://{redis_tls.tls_address}/0", name="redis"), key)
+    """The server resets a connection that does not start a handshake, as a dying one
+    may: a TLS handshake of our own finds a server that serves TLS only."""
+    denied = refused(lambda: RedisProvider(f"redis://{redis_tls.tls_address}/0", name="redis"),
+                     key)  # fmt: skip
+    assert "serves TLS only" in str(denied) and "rediss://" in str(denied)
 
 
 def test_redis_tls_against_a_plaintext_port_looks_like_an_outage(

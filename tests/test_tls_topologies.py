@@ -109,7 +109,8 @@ def test_tls_data_nodes_behind_plaintext_sentinels_with_another_ca_are_denied(
 def test_sentinel_plaintext_against_the_tls_port_looks_like_an_outage(
     redis_sentinel_tls: TLSSentinelTopology, key: str
 ) -> None:
-    """No TLS configured, so no handshake of ours: the sentinel resets the connection."""
+    """The sentinel resets a plaintext connection; redis-py says only that no sentinel
+    answered, and no handshake of ours asks (on one server, one does)."""
     topology = redis_sentinel_tls
     url = f"redis+sentinel://{topology.sentinel.tls_address}/{topology.service}"
     unavailable(lambda: RedisProvider(url, name="redis"), key)

@@ -199,15 +199,26 @@ class _RedisProviderBase(ProviderBase):
         retry fixes) from an outage."""
         probe = self.topology.probe
         if probe is not None and self._classify(error) is BackendUnavailable:
-            try:
-                refusal = probe.handshakes.refusal(probe.tls.context())
-            except (OSError, ValueError) as files_error:  # missing or unreadable TLS files
-                return BackendError(
-                    f"{self._where()}: cannot load its TLS files: {self._detail(files_error)}",
-                    backend=self.name, address=self.address,
-                )  # fmt: skip
-            if refusal is not None:
-                return self._refused_tls(*refusal)
+            if probe.tls is not None:
+                try:
+                    refusal = probe.handshakes.refusal(probe.tls.context())
+                except OSError as files_error:  # files that loaded once no longer do
+                    return BackendError(
+                        f"{self._where()}: cannot load its TLS files: "
+                        f"{self._detail(files_error)}",
+                        backend=self.name, address=self.address,
+                    )  # fmt: skip
+                if refusal is not None:
+                    return self._refused_tls(*refusal)
+            elif not _timed_out(error):  # a hung server is no TLS server; never wait on it
+                serves_tls = probe.handshakes.speaks_tls(b"PING\r\n")
+                if serves_tls is not None:
+                    return AccessDenied(
+                        f"{self._where()}: {serves_tls} serves TLS only, and this provider "
+                        "speaks plaintext (use rediss:// or the tls_* settings): "
+                        f"{self._detail(error)}",
+                        backend=self.name, address=self.address,
+                    )  # fmt: skip
         return super()._error(error, ambiguous=ambiguous, key=key, token=token)
 
     def _acquire(
@@ -532,6 +543,15 @@ def _other_type_is_not_ours() -> Iterator[None]:
     except errors.ResponseError as exc:
         if not str(exc).startswith("WRONGTYPE"):
             raise
+
+
+def _timed_out(error: BaseException) -> bool:
+    """Whether a time-out is in `error`'s chain (redis-py's Sentinel and Cluster errors
+    keep only its text)."""
+    return any(
+        isinstance(cause, (errors.TimeoutError, TimeoutError)) or "Timeout" in str(cause)
+        for cause in error_chain(error)
+    )
 
 
 def _maybe_sent(error: BaseException) -> bool:

@@ -131,10 +131,11 @@ class Topology:
 
 @dataclass(frozen=True, slots=True)
 class TLSProbe:
-    """A handshake of our own with the topology's TLS settings, for clients that report
-    a TLS refusal only as "no node reachable" (Sentinel, Cluster)."""
+    """Handshakes of our own where redis-py keeps no reason: with the topology's TLS
+    settings (`tls`), whether the servers refuse us; without TLS (`tls` None), whether
+    they serve TLS only — a `redis://` url for a `rediss://` server."""
 
-    tls: TLSSettings
+    tls: TLSSettings | None
     handshakes: HandshakeProbe
 
 
@@ -278,15 +279,18 @@ def _server_topology(url: str, db: int | None, credentials: dict[str, str | None
     client = redis.Redis(connection_pool=pool)
     kwargs = pool.connection_kwargs
     key_password = kwargs.get("ssl_password")
+    uses_tls = pool.connection_class is redis.SSLConnection
+    if uses_tls and tls is None:  # rediss://: its settings, its files checked as the keys'
+        tls = TLSSettings(kwargs.get("ssl_ca_certs"), kwargs.get("ssl_certfile"),
+                          kwargs.get("ssl_keyfile"), key_password,
+                          bool(kwargs.get("ssl_check_hostname", True))).checked()  # fmt: skip
+    # a refused client certificate may reach redis-py as an EOF, as a dying server's; a
+    # plaintext client on a TLS port meets a reset, as a dying server's
+    verifies = kwargs.get("ssl_cert_reqs", "required") in ("required", ssl.CERT_REQUIRED)
     probe = None
-    if pool.connection_class is redis.SSLConnection:
-        if tls is None:  # rediss://: its settings, its files checked as the keywords' are
-            tls = TLSSettings(kwargs.get("ssl_ca_certs"), kwargs.get("ssl_certfile"),
-                              kwargs.get("ssl_keyfile"), key_password,
-                              bool(kwargs.get("ssl_check_hostname", True))).checked()  # fmt: skip
-        # a refused client certificate may reach redis-py as an EOF, as a dying server's
-        if kwargs.get("ssl_cert_reqs", "required") in ("required", ssl.CERT_REQUIRED):
-            probe = _probe(tls, [(kwargs["host"], int(kwargs["port"]))], timeouts)
+    if "host" in kwargs and (verifies or not uses_tls):  # not a unix socket
+        address = [(kwargs["host"], int(kwargs["port"]))]
+        probe = _probe(tls if uses_tls else None, address, timeouts)
     return Topology(_server_address(pool.connection_kwargs), lambda: client, owned=True,
                     db=_db_of(pool), passwords=[key_password or ""], probe=probe)  # fmt: skip
 
@@ -320,8 +324,10 @@ def _sentinel_topology(  # noqa: PLR0917 - one call site, every argument checked
         **timeouts.socket_kwargs(), **data_kwargs,
     )  # fmt: skip
     hosts = ",".join(f"{host}:{port}" for host, port in sentinels)
-    # with every sentinel refusing our TLS, redis-py says only "no master found"
-    probe = _probe(tls, sentinels, timeouts) if tls_to_sentinels else None
+    # with every sentinel refusing our TLS, redis-py says only "no master found". (No
+    # plaintext probe: the sentinels are not the data nodes whose connection failed,
+    # and asking them during a failover delayed it in the tests)
+    probe = _probe(tls, sentinels, timeouts) if tls is not None and tls_to_sentinels else None
     return _Sentinel(f"sentinel {hosts}/{service}", lambda: client, owned=True, db=db,
                      passwords=_secrets(sentinel_password, tls), probe=probe)  # fmt: skip
 
@@ -360,7 +366,7 @@ def _cluster_topology(nodes: list[tuple[str, int]], credentials: dict[str, str |
     hosts = ",".join(f"{host}:{port}" for host, port in nodes)
     # a cluster client that reaches no startup node keeps only the text of why
     return _Cluster(f"cluster {hosts}", build, owned=True, passwords=_secrets(None, tls),
-                    probe=_probe(tls, nodes, timeouts))  # fmt: skip
+                    probe=_probe(tls, nodes, timeouts) if tls is not None else None)  # fmt: skip
 
 
 def _scheme_and_tls(url: str, tls: TLSSettings | None) -> tuple[str, TLSSettings | None]:
@@ -385,8 +391,10 @@ def _ssl_kwargs(tls: TLSSettings) -> dict[str, Any]:
 
 
 def _probe(tls: TLSSettings | None, addresses: list[tuple[str, int]],
-           timeouts: Timeouts) -> TLSProbe | None:  # fmt: skip
-    return None if tls is None else TLSProbe(tls, HandshakeProbe(addresses, timeouts.connect))
+           timeouts: Timeouts) -> TLSProbe:  # fmt: skip
+    """TLS: whether the servers refuse ours. Plaintext (only for one server, whose own
+    reset it asks about): whether it serves TLS only."""
+    return TLSProbe(tls, HandshakeProbe(addresses, timeouts.connect))
 
 
 def _secrets(password: str | None, tls: TLSSettings | None) -> list[str]:
