@@ -6,7 +6,7 @@ PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 
-.PHONY: test lint typecheck docs pytest servers bench demo soak clean
+.PHONY: test lint typecheck docs pytest servers bench bench-check demo soak clean
 
 test: lint typecheck docs pytest
 
@@ -52,6 +52,11 @@ bench: $(VENV)/.installed servers
 	$(BIN)/python -m benchmarks.postgresql
 	$(BIN)/python -m benchmarks.chain
 	$(BIN)/python -m benchmarks.failover
+
+# short reruns of the quick benchmarks, their ratios against benchmarks/floors.toml; not
+# part of `test`: a ratio is not a pass/fail figure on a shared machine
+bench-check: $(VENV)/.installed servers
+	$(BIN)/python -m benchmarks.check --quick
 
 clean:
 	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache .site .soak

@@ -2,7 +2,7 @@
 away from a dead Redis and back, against real servers, in one run.
 
     python -m benchmarks.chain [--cycles 2000] [--rounds 5] [--samples 20]
-                               [--repetitions 5] [--no-write]
+                               [--repetitions 5] [--no-write] [--quick]
 
 Starts its own redis-server and standalone ZooKeeper on free loopback ports.
 
@@ -22,6 +22,8 @@ Starts its own redis-server and standalone ZooKeeper on free loopback ports.
    ZooKeeper), so the restarts spread evenly over it: the median is the typical
    fail-back, the max near the worst. The stall row is the longest gap between two
    grants while on ZooKeeper: the acquire that probed the dead Redis.
+
+Writes `RATIOS` (the overhead) to benchmarks/results/chain.json.
 """
 
 from __future__ import annotations
@@ -35,7 +37,16 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from benchmarks.harness import arguments, measure, provider_contender, publish, table
+from benchmarks.harness import (
+    Ratio,
+    Result,
+    arguments,
+    measure,
+    provider_contender,
+    publish,
+    table,
+    write_ratios,
+)
 from locks import Breaker, FallbackChain, LockProvider
 from locks.backends import LocalProvider, RedisHashProvider, RedisProvider, ZooKeeperProvider
 from tests.servers import RedisServer, ZooKeeperServer
@@ -43,20 +54,22 @@ from tests.servers import RedisServer, ZooKeeperServer
 KEY = "bench:failover"
 RESET_TIMEOUT = 1.0
 PROBE_PERIOD = RESET_TIMEOUT + 0.2  # + the default retry's two 100 ms waits
+BARE = "redis-hash (bare)"
+CHAIN = "chain redis-hash -> zk -> local"
+RATIOS = (Ratio("chain/chain-vs-redis-hash", CHAIN, BARE),)
 
 
-def overhead_table(url: str, hosts: str, cycles: int, rounds: int, samples: int) -> str:
+def overhead(url: str, hosts: str, cycles: int, rounds: int, samples: int) -> list[Result]:
     tiers: list[LockProvider] = [
         RedisHashProvider(url, name="redis"),
         ZooKeeperProvider(hosts, name="zk"),
         LocalProvider(),
     ]
     contenders = [
-        provider_contender(RedisHashProvider(url), "redis-hash (bare)"),
-        provider_contender(FallbackChain(tiers), "chain redis-hash -> zk -> local", *tiers),
+        provider_contender(RedisHashProvider(url), BARE),
+        provider_contender(FallbackChain(tiers), CHAIN, *tiers),
     ]
-    results = measure(contenders, cycles, rounds, samples)
-    return table(results, baseline="redis-hash (bare)")
+    return measure(contenders, cycles, rounds, samples)
 
 
 @dataclass
@@ -197,7 +210,7 @@ def main(argv: list[str] | None = None) -> int:
             redis_server.start()
             zookeeper.start()
             print("chain overhead (every acquire served by Redis)", flush=True)
-            overhead = overhead_table(
+            results = overhead(
                 redis_server.url, zookeeper.hosts, args.cycles, args.rounds, args.samples
             )
             print("failover and fail-back (Redis SIGKILLed, then restarted)", flush=True)
@@ -205,12 +218,13 @@ def main(argv: list[str] | None = None) -> int:
         finally:
             redis_server.stop()
             zookeeper.stop()
+    write_ratios("chain", args, results, RATIOS)
     failover = failover_table(outages)
     publish(
         "FallbackChain: overhead on a healthy Redis, failover and fail-back",
         "benchmarks.chain",
         argv,
-        f"{overhead}\n\n{failover}",
+        f"{table(results, baseline=BARE)}\n\n{failover}",
         not args.no_write,
         plot_title="FallbackChain on a healthy Redis: overhead (failover and fail-back: "
         "in the table)",

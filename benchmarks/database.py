@@ -1,7 +1,7 @@
 """Our database backend next to the peers, against one MariaDB, in one run.
 
     python -m benchmarks.database [--cycles 2000] [--rounds 3] [--samples 20] [--window 5]
-                                  [--json PATH] [--no-write]
+                                  [--json PATH] [--no-write] [--quick]
 
 Starts its own MariaDB (`tests.servers.MariaDBServer`, durable: the redo log flushed at
 every commit, as in production) on a free loopback port, and measures:
@@ -10,7 +10,10 @@ every commit, as in production) on a free loopback port, and measures:
    rounds, contenders interleaved) and the hand-off between two threads of one process
    (median of --samples), as `benchmarks.harness.measure` does. Baseline: a raw PyMySQL
    pair in autocommit on a table of its own (INSERT of a unique key to take, DELETE to
-   give back; it only spins to wait, so no hand-off is reported). Peer: tooz's mysql
+   give back; it only spins to wait, so no hand-off is reported). The floor: our own
+   two statements (`DatabaseProvider`'s plain INSERT and its owner-and-fence guarded
+   DELETE, on a lock table of its own) replayed by bare PyMySQL in autocommit; the
+   target is ours >= 0.95x of it. Peer: tooz's mysql
    driver (GET_LOCK/RELEASE_LOCK; it opens a connection per lock object and closes it
    on release). Like ours (`wait=30`), tooz waits with `timeout=30`, which waits inside
    GET_LOCK; tooz's `blocking=True` without a timeout polls GET_LOCK(name, 0) about
@@ -29,7 +32,8 @@ every commit, as in production) on a free loopback port, and measures:
 
 Appends a section to docs/benchmarks.md, draws docs/img/database.png and writes the raw
 results to docs/img/database.json (what `python -m benchmarks.plots database` redraws
-from). --no-write writes none of these; --json still writes the results.
+from). --no-write writes none of these; --json still writes the results. `RATIOS` go to
+benchmarks/results/database.json; --quick measures those (part 1, without tooz) only.
 
 The cross-process parts (`Peer`, `Waiting`, `process_handoffs`, `contended`) serve
 `benchmarks.postgresql` too.
@@ -42,6 +46,8 @@ import contextlib
 import json
 import multiprocessing
 import os
+import random
+import re
 import sys
 import tempfile
 import textwrap
@@ -60,15 +66,28 @@ import pymysql  # type: ignore[import-untyped]  # no stubs in the dev extra
 from tooz import coordination
 
 from benchmarks import harness, plots
-from benchmarks.harness import Contender, Result, append_report, provider_contender, utc_stamp
+from benchmarks.harness import (
+    Contender,
+    Ratio,
+    Result,
+    append_report,
+    provider_contender,
+    utc_stamp,
+)
 from locks import measure as core
 from locks.backends import DatabaseProvider
+from locks.backends.database import _CLOCK_US, _MYSQL_INSERT, _RELEASE
 from tests.servers import MariaDBServer
 
 TITLE = "Database (MariaDB): uncontended cycles, hand-off across processes, polling cost"
 MODULE = "benchmarks.database"
 RAW = "raw pymysql INSERT + DELETE"
+REPLAY = "bare pymysql, our INSERT + DELETE"
 OURS = "fallback-locks database"
+RATIOS = (
+    Ratio("database/database-vs-bare-pymysql-our-statements", OURS, REPLAY),
+    Ratio("database/database-vs-raw-pymysql", OURS, RAW),
+)
 HOLD = 0.3  # s the holder keeps a key in a cross-process hand-off
 SETTLE = 1.0  # s waiting threads get before the query count starts
 CROWDS = (1, 8)  # waiting threads in the one waiting process
@@ -146,6 +165,54 @@ def raw_insert_delete(server: MariaDBServer) -> Contender:
             conn.close()
 
     return Contender(RAW, acquire, release, close)
+
+
+def replay_ours(server: MariaDBServer) -> Contender:
+    """The floor of the target: the provider's own acquire and release statements, as
+    it sends them while the lock is free, on a lock table it made, with the library left
+    out (the fence comes back as LAST_INSERT_ID, and guards the DELETE)."""
+    table = "bench_replay"
+    made = DatabaseProvider(server.url, table=table)
+    made.create_table()
+    made.close()
+
+    def pyformat(sql: str) -> str:  # the provider's `:name` parameters, as PyMySQL's
+        named = re.sub(r":([A-Za-z_]\w*)", r"%(\1)s", sql)  # before the clock's '00:00'
+        return named.format(t=table, now=_CLOCK_US["mysql"])
+
+    insert, delete = pyformat(_MYSQL_INSERT), pyformat(_RELEASE)
+    owner = uuid.uuid4().hex
+    local = threading.local()  # a PyMySQL connection serves one thread at a time
+    opened: list[Any] = []
+
+    def connection() -> Any:
+        conn = getattr(local, "conn", None)
+        if conn is None:
+            conn = pymysql.connect(**server.pymysql_args(), autocommit=True)
+            local.conn = conn
+            opened.append(conn)
+        return conn
+
+    def acquire(key: str) -> Any:
+        cursor = connection().cursor()
+        params = {"name": key, "owner": owner, "ttl_us": 30_000_000}
+        while True:
+            try:
+                cursor.execute(insert, {**params, "token": f"{random.getrandbits(128):032x}"})
+                return key, cursor.lastrowid
+            except pymysql.IntegrityError:
+                pass  # spin: only the uncontended figure of this floor is reported
+
+    def release(handle: tuple[str, int]) -> None:
+        key, fence = handle
+        params = {"name": key, "owner": owner, "fence": fence}
+        connection().cursor().execute(delete, params)
+
+    def close() -> None:
+        for conn in opened:
+            conn.close()
+
+    return Contender(REPLAY, acquire, release, close)
 
 
 # -- a waiting process ------------------------------------------------------------------
@@ -400,7 +467,7 @@ def arguments(argv: list[str] | None) -> argparse.Namespace:
     options = harness.parser(__doc__, results=plots.DATABASE_RESULTS["database"])
     options.add_argument("--window", type=float, default=5.0, help="s of query counting")
     options.set_defaults(rounds=3)  # tooz's connection per lock: ~50 cycles/s, ~2 min
-    args = options.parse_args(argv)
+    args = harness.parse(options, argv)
     if args.cycles < 1 or args.rounds < 1 or args.samples < 1 or args.window <= 0:
         options.error("need --cycles, --rounds, --samples >= 1 and --window > 0")
     return args
@@ -439,23 +506,30 @@ def run(args: argparse.Namespace) -> tuple[list[plots.DatabaseRow], dict[str, An
                 Peer(f"{OURS}, poll_interval=0.01", ours, (server.url, 0.01)),
             ]
             print("uncontended cycles and hand-off between threads", flush=True)
-            contenders = [raw_insert_delete(server), *(p.contender() for p in peers[:2])]
-            results = harness.measure(contenders, args.cycles, args.rounds, args.samples)
-            for result in results:
-                if result.name == RAW:
-                    result.handoff_ms = None  # it only spins
+            contenders = [
+                raw_insert_delete(server),
+                replay_ours(server),
+                *(p.contender() for p in peers[:2]),
+            ]
+            if args.quick:
+                contenders = harness.needed(contenders, RATIOS)
+            results = harness.measure(
+                contenders, args.cycles, args.rounds, args.samples, no_handoff=(RAW, REPLAY)
+            )
             rows: dict[str, plots.DatabaseRow] = {}
             from_results(rows, results)
-            idle = idle_load(status, args.window)
-            print(f"  nobody waiting: {idle.queries_per_second:.1f} queries/s", flush=True)
-            for peer in peers:
-                entry = rows.setdefault(peer.name, row(peer.name, peer.name.startswith(OURS)))
-                measure_waiting(peer, entry, status, args)
+            settings: dict[str, Any] = {"mariadb": version}
+            if not args.quick:
+                idle = idle_load(status, args.window)
+                settings["idle_queries_per_second"] = idle.queries_per_second
+                print(f"  nobody waiting: {idle.queries_per_second:.1f} queries/s", flush=True)
+                for peer in peers:
+                    entry = rows.setdefault(peer.name, row(peer.name, peer.name.startswith(OURS)))
+                    measure_waiting(peer, entry, status, args)
         finally:
             if status is not None:
                 status.close()
             server.stop()
-    settings = {"mariadb": version, "idle_queries_per_second": idle.queries_per_second}
     return list(rows.values()), settings
 
 
@@ -494,15 +568,19 @@ def measure_waiting(
 # -- report -----------------------------------------------------------------------------
 
 
-def cycles_table(rows: Sequence[plots.DatabaseRow], baseline: str) -> str:
-    """The contenders of the uncontended rounds, as `harness.table` writes them (the
-    table `benchmarks.plots` parses)."""
-    measured = [
+def uncontended(rows: Sequence[plots.DatabaseRow]) -> list[Result]:
+    """The contenders of the uncontended rounds, as `harness.measure` found them."""
+    return [
         Result(r["name"], r["cycles_per_second"], r["handoff_ms"], r["ours"])
         for r in rows
         if r["cycles_per_second"] is not None
     ]
-    return harness.table(measured, baseline)
+
+
+def cycles_table(rows: Sequence[plots.DatabaseRow], baseline: str) -> str:
+    """The contenders of the uncontended rounds, as `harness.table` writes them (the
+    table `benchmarks.plots` parses)."""
+    return harness.table(uncontended(rows), baseline)
 
 
 def waiting_table(rows: Sequence[plots.DatabaseRow]) -> str:
@@ -627,6 +705,10 @@ def main(argv: list[str] | None = None) -> int:
     rows, found = run(args)
     elapsed = time.perf_counter() - started
     print(f"whole run {elapsed:.0f} s")
+    harness.write_ratios("database", args, uncontended(rows), RATIOS)
+    if args.quick:  # its ratios only: the rest of the report was not measured
+        print(cycles_table(rows, RAW))
+        return 0
     settings = {
         **machine(args, load_before),
         **found,

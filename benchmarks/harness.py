@@ -3,17 +3,21 @@
 Every contender is a `Contender`: a way to acquire (blocking or one try) and release a
 named lock. Ratios between contenders of one run are what we report; absolute figures
 move with the machine. The timing loops are `locks.measure`, the same code as
-`locks bench`; this module adds the side-by-side runs, the report and its plot.
+`locks bench`; this module adds the side-by-side runs, the report and its plot, and
+the ratios file `benchmarks.check` compares with benchmarks/floors.toml.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
+import os
+import platform
 import statistics
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -25,6 +29,9 @@ from tests.servers import ServerProcess
 
 DOCS = Path(__file__).resolve().parent.parent / "docs"
 REPORT = DOCS / "benchmarks.md"
+RESULTS = Path(__file__).resolve().parent / "results"  # <benchmark>.json: each run's ratios
+# --quick: enough for a stable median of the ratios, a fraction of a full run's time
+QUICK = {"cycles": 500, "rounds": 7, "samples": 15}
 
 
 @dataclass
@@ -47,6 +54,35 @@ class Result:
     ours: bool = False
 
 
+@dataclass(frozen=True)
+class Ratio:
+    """One ratio a benchmark reports, under the id benchmarks/floors.toml gives it.
+    Higher is better either way, so one floor reads alike for both: cycles/s are ours
+    over the base's, hand-off times the base's over ours."""
+
+    id: str  # "<benchmark>/<what>"
+    ours: str  # contender names, as measured
+    base: str
+    handoff: bool = False
+
+    @property
+    def compares(self) -> str:
+        if self.handoff:
+            return f"median hand-off of {self.base} / of {self.ours}"
+        return f"cycles/s of {self.ours} / of {self.base}"
+
+    def value(self, results: dict[str, Result]) -> float | None:
+        """None where either side was not measured (or not measurable: no hand-off)."""
+        ours, base = results.get(self.ours), results.get(self.base)
+        if ours is None or base is None:
+            return None
+        if self.handoff:
+            if ours.handoff_ms is None or base.handoff_ms is None or ours.handoff_ms <= 0:
+                return None
+            return base.handoff_ms / ours.handoff_ms
+        return ours.cycles_per_second / base.cycles_per_second if base.cycles_per_second else None
+
+
 # every Result this process measured, for the plot `publish` draws of its run
 _measured: list[Result] = []
 
@@ -61,9 +97,16 @@ def handoff_ms(contender: Contender, samples: int) -> float:
     return core.handoff_ms(contender.acquire, contender.release, samples, label=contender.name)
 
 
-def measure(contenders: list[Contender], cycles: int, rounds: int, samples: int) -> list[Result]:
+def measure(
+    contenders: list[Contender],
+    cycles: int,
+    rounds: int,
+    samples: int,
+    no_handoff: Collection[str] = (),
+) -> list[Result]:
     """Medians per contender. Rounds are interleaved (each round runs every contender
-    once), so a machine that slows down mid-run slows everyone alike."""
+    once), so a machine that slows down mid-run slows everyone alike. Contenders named in
+    `no_handoff` only spin to wait: timing their hand-off would only burn a core."""
     keys = {c.name: core.bench_key() for c in contenders}
     rates: dict[str, list[float]] = {c.name: [] for c in contenders}
     try:
@@ -74,7 +117,8 @@ def measure(contenders: list[Contender], cycles: int, rounds: int, samples: int)
                 rates[contender.name].append(cycle_rate(contender, keys[contender.name], cycles))
         results = []
         for contender in contenders:
-            handoff = handoff_ms(contender, samples) if samples else None
+            timed = samples and contender.name not in no_handoff
+            handoff = handoff_ms(contender, samples) if timed else None
             rate = statistics.median(rates[contender.name])
             results.append(Result(contender.name, rate, handoff, contender.ours))
             print(f"  {contender.name}: {rate:,.0f} cycles/s, hand-off {handoff} ms", flush=True)
@@ -99,6 +143,38 @@ def table(results: list[Result], baseline: str) -> str:
             f"| {handoff} |"
         )
     return "\n".join(lines)
+
+
+def needed(contenders: list[Contender], ratios: Sequence[Ratio]) -> list[Contender]:
+    """The contenders `ratios` compare, for a quick run; the others are closed unmeasured."""
+    names = {name for ratio in ratios for name in (ratio.ours, ratio.base)}
+    for contender in contenders:
+        if contender.name not in names:
+            contender.close()
+    return [contender for contender in contenders if contender.name in names]
+
+
+def write_ratios(
+    benchmark: str, args: argparse.Namespace, results: Iterable[Result], ratios: Sequence[Ratio]
+) -> Path:
+    """Overwrite benchmarks/results/<benchmark>.json with this run's `ratios`, for
+    `benchmarks.check`; written whatever --no-write says, since docs/ is not touched."""
+    measured = {result.name: result for result in results}
+    path = RESULTS / f"{benchmark}.json"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    record = {
+        "benchmark": benchmark,
+        "utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "cpus": os.cpu_count(),
+        "python": platform.python_version(),
+        "arguments": vars(args),
+        "ratios": [
+            {"id": r.id, "value": r.value(measured), "compares": r.compares} for r in ratios
+        ],
+    }
+    path.write_text(json.dumps(record, indent=2, default=str) + "\n")
+    print(f"wrote {path}")
+    return path
 
 
 def utc_stamp() -> str:
@@ -145,14 +221,28 @@ def parser(
     options.add_argument(
         "--no-write", action="store_true", help="do not append to docs/ or draw docs/img/"
     )
+    options.add_argument(
+        "--quick",
+        action="store_true",
+        help="a short run for `benchmarks.check`: only the contenders and phases its ratios "
+        + "need, with smaller defaults ("
+        + ", ".join(f"--{name} {value}" for name, value in QUICK.items())
+        + "); implies --no-write",
+    )
     return options
+
+
+def parse(options: argparse.ArgumentParser, argv: list[str] | None) -> argparse.Namespace:
+    """`options` parsed; with --quick the smaller defaults apply (options given still
+    win), and nothing is written to docs/: a quick run's figures are not the report's."""
+    if options.parse_known_args(argv)[0].quick:
+        options.set_defaults(**QUICK, no_write=True)
+    return options.parse_args(argv)
 
 
 def arguments(description: str | None, argv: list[str] | None, repetitions: bool = False) -> Any:
     """The options every benchmark takes, parsed."""
-    return parser(description, repetitions="outages to time" if repetitions else None).parse_args(
-        argv
-    )
+    return parse(parser(description, repetitions="outages to time" if repetitions else None), argv)
 
 
 def publish(
@@ -200,21 +290,24 @@ def compare(
     server: Callable[[Path], ServerProcess],
     contenders: Callable[[Any], list[Contender]],
     baseline: str,
+    ratios: Sequence[Ratio],
     no_handoff: Sequence[str] = (),
 ) -> int:
     """The whole of a one-server comparison: start the server, measure every contender
-    in one run, report ratios to `baseline`. `no_handoff` names contenders whose waiting
-    is only a spin, not worth a hand-off figure."""
+    in one run (--quick: those `ratios` need), report ratios to `baseline` and write
+    `ratios`. `no_handoff` names contenders whose waiting is only a spin, not worth a
+    hand-off figure."""
     args = arguments(description, argv)
     with tempfile.TemporaryDirectory(prefix="locks-bench-") as workdir:
         running = server(Path(workdir))
         running.start()
         try:
-            results = measure(contenders(running), args.cycles, args.rounds, args.samples)
+            runners = contenders(running)
+            if args.quick:
+                runners = needed(runners, ratios)
+            results = measure(runners, args.cycles, args.rounds, args.samples, no_handoff)
         finally:
             running.stop()
-    for result in results:
-        if result.name in no_handoff:
-            result.handoff_ms = None
+    write_ratios(module.rsplit(".", 1)[-1], args, results, ratios)
     publish(title, module, argv, table(results, baseline), not args.no_write)
     return 0

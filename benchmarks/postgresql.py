@@ -2,6 +2,7 @@
 
     python -m benchmarks.postgresql [--cycles 2000] [--rounds 5] [--samples 20]
                                     [--threads 8] [--seconds 3] [--json PATH] [--no-write]
+                                    [--quick]
 
 Starts its own PostgreSQL (`tests.servers.postgresql.PostgreSQLServer`, durable: fsync
 and full page writes on, synchronous_commit on, as in production) on a free loopback
@@ -29,7 +30,9 @@ port, and measures:
 
 Appends a section to docs/benchmarks.md, draws docs/img/postgresql.png and writes the
 raw results to docs/img/postgresql.json (what `python -m benchmarks.plots postgresql`
-redraws from). --no-write writes none of these; --json still writes the results.
+redraws from). --no-write writes none of these; --json still writes the results. `RATIOS`
+go to benchmarks/results/postgresql.json; --quick measures those (part 1, without tooz)
+only.
 """
 
 from __future__ import annotations
@@ -63,10 +66,11 @@ from benchmarks.database import (
     machine,
     ours,
     process_handoffs,
+    uncontended,
     waiting,
     write,
 )
-from benchmarks.harness import Contender, utc_stamp
+from benchmarks.harness import Contender, Ratio, utc_stamp
 from locks import measure as core
 from tests.servers.postgresql import PostgreSQLServer
 
@@ -77,6 +81,10 @@ TOOZ = "tooz postgresql"
 OURS_3 = f"{OURS} (psycopg 3)"
 OURS_2 = f"{OURS} (psycopg2)"
 TARGET = 0.95  # ours / bare, uncontended
+RATIOS = (
+    Ratio("postgresql/psycopg3-vs-bare-psycopg", OURS_3, BARE),
+    Ratio("postgresql/psycopg2-vs-bare-psycopg", OURS_2, BARE),
+)
 WARM_UP = 0.5  # s of contention before the timed rounds: connections opened, pools grown
 
 
@@ -148,7 +156,7 @@ def arguments(argv: list[str] | None) -> argparse.Namespace:
     options = harness.parser(__doc__, results=plots.DATABASE_RESULTS["postgresql"])
     options.add_argument("--threads", type=int, default=8, help="on one key")
     options.add_argument("--seconds", type=float, default=3.0, help="per contended round")
-    args = options.parse_args(argv)
+    args = harness.parse(options, argv)
     if min(args.cycles, args.rounds, args.samples, args.threads) < 1 or args.seconds <= 0:
         options.error("need --cycles, --rounds, --samples, --threads >= 1 and --seconds > 0")
     return args
@@ -168,15 +176,17 @@ def run(args: argparse.Namespace) -> tuple[list[plots.DatabaseRow], dict[str, An
             ]
             print("uncontended cycles and hand-off between threads", flush=True)
             contenders = [bare_psycopg(server.psycopg_args()), *(p.contender() for p in peers)]
-            results = harness.measure(contenders, args.cycles, args.rounds, args.samples)
-            for result in results:
-                if result.name == BARE:
-                    result.handoff_ms = None  # it only spins
+            if args.quick:
+                contenders = harness.needed(contenders, RATIOS)
+            results = harness.measure(
+                contenders, args.cycles, args.rounds, args.samples, no_handoff=(BARE,)
+            )
             rows: dict[str, plots.DatabaseRow] = {}
             from_results(rows, results)
-            for peer in peers:
-                rows[peer.name]["process_handoffs_ms"] = handoffs(peer, args.samples)
-            measure_contention(peers, rows, args)
+            if not args.quick:  # a quick run is its ratios only
+                for peer in peers:
+                    rows[peer.name]["process_handoffs_ms"] = handoffs(peer, args.samples)
+                measure_contention(peers, rows, args)
         finally:
             server.stop()
     return list(rows.values()), {"postgresql": version}
@@ -315,6 +325,10 @@ def main(argv: list[str] | None = None) -> int:
     rows, found = run(args)
     elapsed = time.perf_counter() - started
     print(f"whole run {elapsed:.0f} s")
+    harness.write_ratios("postgresql", args, uncontended(rows), RATIOS)
+    if args.quick:  # its ratios only: the rest of the report was not measured
+        print(cycles_table(rows, BARE))
+        return 0
     settings = {
         **machine(args, load_before),
         **found,

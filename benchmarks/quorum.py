@@ -2,7 +2,7 @@
 same Redis masters, next to one member alone, and a mixed quorum, in one run.
 
     python -m benchmarks.quorum [--cycles 2000] [--rounds 5] [--samples 20]
-                                [--json PATH] [--no-write]
+                                [--json PATH] [--no-write] [--quick]
 
 Starts five independent redis-servers (no replication, no persistence), a standalone
 ZooKeeper and a MariaDB (durable: redo log flushed at every commit, as in
@@ -31,7 +31,8 @@ the cycle then waits for the lock as a blocking acquire would.
 
 Appends a section to docs/benchmarks.md, draws docs/img/quorum.png and writes the raw
 results to docs/img/quorum.json (what `python -m benchmarks.plots quorum` redraws
-from). --no-write writes none of these; --json still writes the results.
+from). --no-write writes none of these; --json still writes the results. `RATIOS` go to
+benchmarks/results/quorum.json.
 """
 
 from __future__ import annotations
@@ -56,7 +57,14 @@ import redis
 from pottery import Redlock
 
 from benchmarks import harness, plots
-from benchmarks.harness import Contender, append_report, provider_contender, utc_stamp
+from benchmarks.harness import (
+    Contender,
+    Ratio,
+    Result,
+    append_report,
+    provider_contender,
+    utc_stamp,
+)
 from locks import measure as core
 from locks.backends import DatabaseProvider, RedisProvider, ZooKeeperProvider
 from locks.provider import LockProvider
@@ -72,6 +80,11 @@ OURS = "fallback-locks quorum"
 ONE = "fallback-locks redis"  # one member alone, on the first master
 MIXED_QUORUM = "fallback-locks quorum redis + zookeeper + mariadb"
 MIXED_MEMBERS = {"zookeeper": "fallback-locks zookeeper", "mariadb": "fallback-locks database"}
+# named as `measure` names its entries: "<group>: <contender>"
+RATIOS = tuple(
+    Ratio(f"quorum/quorum-{n}-masters-vs-pottery", f"{n} masters: {OURS}", f"{n} masters: {PEER}")
+    for n in (3, MASTERS)
+)
 
 
 @dataclass
@@ -347,7 +360,7 @@ def setup_note(rows: list[plots.QuorumRow], settings: dict[str, Any], seconds: f
 
 def arguments(argv: list[str] | None) -> argparse.Namespace:
     options = harness.parser(__doc__, results=plots.QUORUM_RESULTS)
-    args = options.parse_args(argv)
+    args = harness.parse(options, argv)
     if args.cycles < 1 or args.rounds < 1 or args.samples < 0:
         options.error("need --cycles >= 1, --rounds >= 1 and --samples >= 0")
     return args
@@ -408,6 +421,10 @@ def main(argv: list[str] | None = None) -> int:
     rows, mixed_note, redis_version = run(args)
     elapsed = time.perf_counter() - started
     print(f"whole run {elapsed:.0f} s")
+    measured = [
+        Result(f"{r['group']}: {r['name']}", r["cycles_per_second"], r["handoff_ms"]) for r in rows
+    ]
+    harness.write_ratios("quorum", args, measured, RATIOS)
     stamp = utc_stamp()
     command = f"python -m {MODULE} " + " ".join(argv if argv is not None else sys.argv[1:])
     results = plots.QuorumResults(

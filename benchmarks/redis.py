@@ -1,8 +1,10 @@
 """Our Redis backends next to the peers, against one redis-server, in one run.
 
     python -m benchmarks.redis [--cycles 2000] [--rounds 5] [--samples 20] [--no-write]
+                               [--quick]
 
-Starts its own redis-server on a free loopback port (no persistence).
+Starts its own redis-server on a free loopback port (no persistence). Writes `RATIOS` to
+benchmarks/results/redis.json.
 """
 
 from __future__ import annotations
@@ -15,9 +17,20 @@ import redis
 import redis_lock
 from pottery import Redlock
 
-from benchmarks.harness import Contender, compare, provider_contender
+from benchmarks.harness import Contender, Ratio, compare, provider_contender
 from locks.backends import RedisHashProvider, RedisProvider
 from tests.servers import RedisServer
+
+PEER = "redis-py Lock"
+HANDOFF_PEER = "python-redis-lock"  # its waiters are woken by the release, not polling
+OURS = "fallback-locks redis"
+OURS_HASH = "fallback-locks redis-hash"
+RATIOS = (
+    Ratio("redis/redis-vs-redis-py-lock", OURS, PEER),
+    Ratio("redis/redis-hash-vs-redis-py-lock", OURS_HASH, PEER),
+    Ratio("redis/redis-handoff-vs-python-redis-lock", OURS, HANDOFF_PEER, handoff=True),
+    Ratio("redis/redis-hash-handoff-vs-python-redis-lock", OURS_HASH, HANDOFF_PEER, handoff=True),
+)
 
 
 def raw_set_del(url: str) -> Contender:
@@ -43,7 +56,7 @@ def redis_py_lock(url: str) -> Contender:
         assert lock.acquire()
         return lock
 
-    return Contender("redis-py Lock", acquire, lambda lock: lock.release(), client.close)
+    return Contender(PEER, acquire, lambda lock: lock.release(), client.close)
 
 
 def python_redis_lock(url: str) -> Contender:
@@ -54,7 +67,7 @@ def python_redis_lock(url: str) -> Contender:
         assert lock.acquire(timeout=30)
         return lock
 
-    return Contender("python-redis-lock", acquire, lambda lock: lock.release(), client.close)
+    return Contender(HANDOFF_PEER, acquire, lambda lock: lock.release(), client.close)
 
 
 def pottery_redlock(url: str) -> Contender:
@@ -78,8 +91,8 @@ def main(argv: list[str] | None = None) -> int:
             redis_py_lock(url),
             python_redis_lock(url),
             pottery_redlock(url),
-            provider_contender(RedisProvider(url), "fallback-locks redis"),
-            provider_contender(RedisHashProvider(url), "fallback-locks redis-hash"),
+            provider_contender(RedisProvider(url), OURS),
+            provider_contender(RedisHashProvider(url), OURS_HASH),
         ]
 
     return compare(
@@ -89,7 +102,8 @@ def main(argv: list[str] | None = None) -> int:
         title="Redis: uncontended cycles and hand-off",
         server=RedisServer,
         contenders=contenders,
-        baseline="redis-py Lock",
+        baseline=PEER,
+        ratios=RATIOS,
         no_handoff=["raw SET NX PX + DEL"],  # it only spins
     )
 

@@ -2,7 +2,7 @@
 `Lock` on the same topology, and how long a primary's crash keeps a client from a lock.
 
     python -m benchmarks.topologies [--cycles 2000] [--rounds 5] [--samples 20]
-                                    [--repetitions 5] [--json PATH] [--no-write]
+                                    [--repetitions 5] [--json PATH] [--no-write] [--quick]
 
 Starts both topologies itself on free loopback ports (tests.servers.redis_topologies:
 Sentinel = a primary, one replica and three sentinels; Cluster = three primaries with
@@ -31,7 +31,8 @@ with these (production defaults are 30 s and 15 s).
 
 Appends a section to docs/benchmarks.md, draws docs/img/topologies.png and writes the
 raw results to docs/img/topologies.json (what `python -m benchmarks.plots topologies`
-redraws from). --no-write writes none of these; --json still writes the results.
+redraws from). --no-write writes none of these; --json still writes the results. `RATIOS`
+go to benchmarks/results/topologies.json.
 """
 
 from __future__ import annotations
@@ -60,6 +61,7 @@ from redis.sentinel import Sentinel
 from benchmarks import harness, plots
 from benchmarks.harness import (
     Contender,
+    Ratio,
     Result,
     append_report,
     measure,
@@ -94,6 +96,22 @@ class Entry:
     def name(self) -> str:  # unique across the run: harness.measure keys by name
         sync = f", sync_replicas={self.sync_replicas}" if self.sync_replicas else ""
         return f"{self.topology}: {self.lock}{sync}"
+
+
+def _ratios() -> tuple[Ratio, ...]:
+    """Each of ours against redis-py's Lock, and with sync_replicas=1 against without."""
+    found = []
+    for topology in ("Sentinel", "Cluster"):
+        peer = Entry(topology, PEER).name
+        for lock in OURS:
+            short = f"{topology.lower()}-{lock.removeprefix('fallback-locks ')}"
+            plain, synced = Entry(topology, lock).name, Entry(topology, lock, 1).name
+            found.append(Ratio(f"topologies/{short}-vs-redis-py-lock", plain, peer))
+            found.append(Ratio(f"topologies/{short}-sync-replicas-vs-without", synced, plain))
+    return tuple(found)
+
+
+RATIOS = _ratios()
 
 
 def redis_py_lock(name: str, client: redis.Redis | RedisCluster) -> Contender:
@@ -442,7 +460,7 @@ def arguments(argv: list[str] | None) -> argparse.Namespace:
     options = harness.parser(
         __doc__, repetitions="failovers per topology", results=plots.TOPOLOGIES_RESULTS
     )
-    return options.parse_args(argv)
+    return harness.parse(options, argv)
 
 
 def run(args: argparse.Namespace) -> tuple[list[plots.CycleRow], list[plots.FailoverRow]]:
@@ -494,6 +512,15 @@ def main(argv: list[str] | None = None) -> int:
     rows, outages = run(args)
     elapsed = time.perf_counter() - started
     print(f"whole run {elapsed:.0f} s")
+    measured = [
+        Result(
+            Entry(r["topology"], r["lock"], r["sync_replicas"]).name,
+            r["cycles_per_second"],
+            r["handoff_ms"],
+        )
+        for r in rows
+    ]
+    harness.write_ratios("topologies", args, measured, RATIOS)
     body = tables(rows, outages)
     stamp = utc_stamp()
     command = f"python -m {MODULE} " + " ".join(argv if argv is not None else sys.argv[1:])

@@ -1,13 +1,17 @@
 """Our ZooKeeper backend next to the peers, against one ZooKeeper, in one run.
 
     python -m benchmarks.zookeeper [--cycles 2000] [--rounds 5] [--samples 20] [--no-write]
+                                   [--quick]
 
 Starts its own standalone ZooKeeper (Java, `tests.servers.ZooKeeperServer`) on a free
 loopback port. Peers: kazoo's `Lock` recipe (the baseline) and tooz's kazoo driver,
 each with its own client and its own parent path per lock name. Like the Redis
 peers, a peer lock object is made per acquire, as `with client.Lock(path):` does;
 a kazoo `Lock` reused across acquires costs the same round trips (it looks for a
-node it may have left behind instead of making sure of its parent path).
+node it may have left behind instead of making sure of its parent path). The floor:
+raw kazoo, an ephemeral node created to take a name and deleted to give it back (it
+only spins to wait, so no hand-off is reported). Writes `RATIOS` to
+benchmarks/results/zookeeper.json.
 """
 
 from __future__ import annotations
@@ -17,11 +21,42 @@ import uuid
 from typing import Any
 
 from kazoo.client import KazooClient
+from kazoo.exceptions import NodeExistsError
 from tooz import coordination
 
-from benchmarks.harness import Contender, compare, provider_contender
+from benchmarks.harness import Contender, Ratio, compare, provider_contender
 from locks.backends import ZooKeeperProvider
 from tests.servers import ZooKeeperServer
+
+PEER = "kazoo Lock"
+RAW = "raw kazoo create + delete"
+OURS = "fallback-locks zookeeper"
+RATIOS = (
+    Ratio("zookeeper/zookeeper-vs-kazoo-create-delete", OURS, RAW),
+    Ratio("zookeeper/zookeeper-vs-kazoo-lock", OURS, PEER),
+    Ratio("zookeeper/zookeeper-handoff-vs-kazoo-lock", OURS, PEER, handoff=True),
+)
+
+
+def raw_create_delete(hosts: str) -> Contender:
+    client = KazooClient(hosts=hosts)
+    client.start()
+    client.ensure_path("/bench-raw")
+
+    def acquire(key: str) -> Any:
+        path = f"/bench-raw/{key}"
+        while True:
+            try:
+                client.create(path, ephemeral=True)
+                return path
+            except NodeExistsError:
+                pass  # spin: only the uncontended figure of this floor is reported
+
+    def close() -> None:
+        client.stop()
+        client.close()
+
+    return Contender(RAW, acquire, client.delete, close)
 
 
 def kazoo_lock(hosts: str) -> Contender:
@@ -37,7 +72,7 @@ def kazoo_lock(hosts: str) -> Contender:
         client.stop()
         client.close()
 
-    return Contender("kazoo Lock", acquire, lambda lock: lock.release(), close)
+    return Contender(PEER, acquire, lambda lock: lock.release(), close)
 
 
 def tooz_kazoo(hosts: str) -> Contender:
@@ -55,9 +90,10 @@ def tooz_kazoo(hosts: str) -> Contender:
 def main(argv: list[str] | None = None) -> int:
     def contenders(server: ZooKeeperServer) -> list[Contender]:
         return [
+            raw_create_delete(server.hosts),
             kazoo_lock(server.hosts),
             tooz_kazoo(server.hosts),
-            provider_contender(ZooKeeperProvider(server.hosts), "fallback-locks zookeeper"),
+            provider_contender(ZooKeeperProvider(server.hosts), OURS),
         ]
 
     return compare(
@@ -67,7 +103,9 @@ def main(argv: list[str] | None = None) -> int:
         title="ZooKeeper: uncontended cycles and hand-off",
         server=ZooKeeperServer,
         contenders=contenders,
-        baseline="kazoo Lock",
+        baseline=PEER,
+        ratios=RATIOS,
+        no_handoff=[RAW],  # it only spins
     )
 
 
