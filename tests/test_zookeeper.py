@@ -12,6 +12,7 @@ from collections.abc import Iterator
 
 import pytest
 from kazoo.client import KazooClient
+from kazoo.exceptions import NoNodeError
 
 from locks import BackendUnavailable, Lease, LockLost
 from locks.backends import ZooKeeperProvider
@@ -208,7 +209,12 @@ def test_reentrant_leases_share_one_node(
     assert len(admin.get_children(f"/locks/{zookeeper_node_name(key)}")) == 1
     zk.release(inner)
     zk.release(outer)
-    assert admin.get_children(f"/locks/{zookeeper_node_name(key)}") == []
+    # the parent is a container node: ZooKeeper may already have reaped it, empty
+    try:
+        left = admin.get_children(f"/locks/{zookeeper_node_name(key)}")
+    except NoNodeError:
+        left = []
+    assert left == []
 
 
 def test_a_nested_acquire_while_suspended_is_refused(
