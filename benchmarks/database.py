@@ -135,9 +135,10 @@ def tooz_mysql(url: str) -> Contender:
     return Contender("tooz mysql", acquire, lambda lock: lock.release(), coordinator.stop)
 
 
-def raw_insert_delete(server: MariaDBServer) -> Contender:
-    server.sql("CREATE TABLE IF NOT EXISTS locks.bench_raw (name VARCHAR(255) PRIMARY KEY)")
-    local = threading.local()  # a PyMySQL connection serves one thread at a time
+def _per_thread(server: MariaDBServer) -> tuple[Callable[[], Any], Callable[[], None]]:
+    """A bare PyMySQL connection per thread (one serves one thread at a time), and a way
+    to close them all."""
+    local = threading.local()
     opened: list[Any] = []
 
     def connection() -> Any:
@@ -147,6 +148,17 @@ def raw_insert_delete(server: MariaDBServer) -> Contender:
             local.conn = conn
             opened.append(conn)
         return conn
+
+    def close() -> None:
+        for conn in opened:
+            conn.close()
+
+    return connection, close
+
+
+def raw_insert_delete(server: MariaDBServer) -> Contender:
+    server.sql("CREATE TABLE IF NOT EXISTS locks.bench_raw (name VARCHAR(255) PRIMARY KEY)")
+    connection, close = _per_thread(server)
 
     def acquire(key: str) -> Any:
         cursor = connection().cursor()
@@ -159,10 +171,6 @@ def raw_insert_delete(server: MariaDBServer) -> Contender:
 
     def release(key: str) -> None:
         connection().cursor().execute("DELETE FROM bench_raw WHERE name = %s", (key,))
-
-    def close() -> None:
-        for conn in opened:
-            conn.close()
 
     return Contender(RAW, acquire, release, close)
 
@@ -182,16 +190,7 @@ def replay_ours(server: MariaDBServer) -> Contender:
 
     insert, delete = pyformat(_MYSQL_INSERT), pyformat(_RELEASE)
     owner = uuid.uuid4().hex
-    local = threading.local()  # a PyMySQL connection serves one thread at a time
-    opened: list[Any] = []
-
-    def connection() -> Any:
-        conn = getattr(local, "conn", None)
-        if conn is None:
-            conn = pymysql.connect(**server.pymysql_args(), autocommit=True)
-            local.conn = conn
-            opened.append(conn)
-        return conn
+    connection, close = _per_thread(server)
 
     def acquire(key: str) -> Any:
         cursor = connection().cursor()
@@ -207,10 +206,6 @@ def replay_ours(server: MariaDBServer) -> Contender:
         key, fence = handle
         params = {"name": key, "owner": owner, "fence": fence}
         connection().cursor().execute(delete, params)
-
-    def close() -> None:
-        for conn in opened:
-            conn.close()
 
     return Contender(REPLAY, acquire, release, close)
 

@@ -5,6 +5,7 @@ from collections.abc import Iterator
 
 import pytest
 
+from locks.events import Event, add_observer, remove_observer
 from tests.backends import SERVERS, Backend
 
 # ZooKeeper with SASL (tests/servers/zookeeper_sasl.py) is a plugin of its own
@@ -26,3 +27,12 @@ def backend(request: pytest.FixtureRequest) -> Iterator[Backend]:
 def key() -> str:
     """A lock name no other test uses."""
     return f"test:{uuid.uuid4().hex}"
+
+
+@pytest.fixture
+def events() -> Iterator[list[Event]]:
+    """Every event emitted while the test runs."""
+    seen: list[Event] = []
+    add_observer(seen.append)
+    yield seen
+    remove_observer(seen.append)

@@ -46,14 +46,6 @@ SPAWN = multiprocessing.get_context("spawn")
 
 
 @pytest.fixture
-def events() -> Iterator[list[Event]]:
-    seen: list[Event] = []
-    add_observer(seen.append)
-    yield seen
-    remove_observer(seen.append)
-
-
-@pytest.fixture
 def tiers(redis_server: RedisServer) -> Iterator[tuple[RedisHashProvider, LocalProvider]]:
     upper, lower = RedisHashProvider(redis_server.url, name="redis"), LocalProvider()
     yield upper, lower

@@ -10,7 +10,7 @@ import importlib.util
 import logging
 import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -32,7 +32,7 @@ from locks import (
     from_config,
 )
 from locks.backends import LocalProvider, ZooKeeperProvider
-from locks.events import Event, EventKind, add_observer, remove_observer
+from locks.events import Event, EventKind
 from tests.ports import free_port
 from tests.servers import ZooKeeperServer
 from tests.servers.tls_servers import TLSZooKeeperServer
@@ -60,14 +60,6 @@ def sasl_client(server: SASLZooKeeperServer, user: str) -> KazooClient:
         "mechanism": "DIGEST-MD5", "username": user, "password": USERS[user]})  # fmt: skip
     client.start(timeout=10)
     return client
-
-
-@pytest.fixture
-def events() -> Iterator[list[Event]]:
-    seen: list[Event] = []
-    add_observer(seen.append)
-    yield seen
-    remove_observer(seen.append)
 
 
 def test_sasl_locks_and_its_nodes_admit_only_its_identity(
