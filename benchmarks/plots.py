@@ -64,6 +64,24 @@ def _figure(width: float, height: float) -> Figure:
     return Figure(figsize=(width, height), layout="constrained")
 
 
+def _save(figure: Figure, title: str, path: Path, peers: str | None = None) -> Path:
+    """Title `figure`, save it at `path`; `peers` names the peers' colour in a legend
+    beside ours (none when every bar is ours, or none is)."""
+    if peers is not None:
+        from matplotlib.patches import Patch  # noqa: PLC0415
+
+        figure.legend(
+            handles=[Patch(color=OURS_COLOUR), Patch(color=PEER_COLOUR)],
+            labels=["fallback-locks", peers],
+            loc="outside lower center",
+            ncols=2,
+            fontsize=8,
+        )
+    figure.suptitle(title, fontsize=10)
+    figure.savefig(path, dpi=100)
+    return path
+
+
 def draw_results(name: str, title: str, results: Sequence[Result]) -> Path:
     """docs/img/<name>.png: cycles/s and hand-off median per contender, ours in colour."""
     IMAGES.mkdir(parents=True, exist_ok=True)
@@ -99,20 +117,8 @@ def draw_results(name: str, title: str, results: Sequence[Result]) -> Path:
         label = " — (waits by spinning)" if handoff is None else f" {handoff:.2f} ms"
         handoff_axes.annotate(label, (handoff or low, row), va="center", fontsize=8)
 
-    from matplotlib.patches import Patch  # noqa: PLC0415
-
-    if any(r.ours for r in results) and not all(r.ours for r in results):
-        figure.legend(
-            handles=[Patch(color=OURS_COLOUR), Patch(color=PEER_COLOUR)],
-            labels=["fallback-locks", "peer library"],
-            loc="outside lower center",
-            ncols=2,
-            fontsize=8,
-        )
-    figure.suptitle(title, fontsize=10)
-    path = IMAGES / f"{name}.png"
-    figure.savefig(path, dpi=100)
-    return path
+    mixed = any(r.ours for r in results) and not all(r.ours for r in results)
+    return _save(figure, title, IMAGES / f"{name}.png", "peer library" if mixed else None)
 
 
 @dataclass
@@ -174,9 +180,7 @@ def draw_failover(
         )
     for axes in (served_axes, latency_axes):
         axes.grid(axis="x", alpha=0.3)
-    figure.suptitle(title, fontsize=10)
-    figure.savefig(path, dpi=100)
-    return path
+    return _save(figure, title, path)
 
 
 class CycleRow(TypedDict):
@@ -289,9 +293,7 @@ def draw_topologies(
     failover_axes.set_ylabel("failover, ms (each repetition a mark)")
     failover_axes.legend(loc="upper center", fontsize=7)
     failover_axes.grid(axis="y", alpha=0.3)
-    figure.suptitle(title, fontsize=10)
-    figure.savefig(path, dpi=100)
-    return path
+    return _save(figure, title, path)
 
 
 def _results(path: Path, module: str) -> Any:
@@ -381,18 +383,7 @@ def draw_quorum(title: str, rows: Sequence[QuorumRow], path: Path | None = None)
         label = " — (not measured)" if handoff is None else f" {handoff:.2f} ms"
         handoff_axes.annotate(label, (handoff or low, y), va="center", fontsize=8)
 
-    from matplotlib.patches import Patch  # noqa: PLC0415
-
-    figure.legend(
-        handles=[Patch(color=OURS_COLOUR), Patch(color=PEER_COLOUR)],
-        labels=["fallback-locks", "pottery Redlock (peer)"],
-        loc="outside lower center",
-        ncols=2,
-        fontsize=8,
-    )
-    figure.suptitle(title, fontsize=10)
-    figure.savefig(path, dpi=100)
-    return path
+    return _save(figure, title, path, "pottery Redlock (peer)")
 
 
 def load_quorum(results: Path = QUORUM_RESULTS) -> QuorumResults:
@@ -461,19 +452,8 @@ def draw_database(
         panel(axes, rows, colours)
         axes.grid(axis="x", alpha=0.3)
 
-    from matplotlib.patches import Patch  # noqa: PLC0415
-
-    if any(r["ours"] for r in rows) and not all(r["ours"] for r in rows):
-        figure.legend(
-            handles=[Patch(color=OURS_COLOUR), Patch(color=PEER_COLOUR)],
-            labels=["fallback-locks", "peer library or bare driver"],
-            loc="outside lower center",
-            ncols=2,
-            fontsize=8,
-        )
-    figure.suptitle(title, fontsize=10)
-    figure.savefig(path, dpi=100)
-    return path
+    mixed = any(r["ours"] for r in rows) and not all(r["ours"] for r in rows)
+    return _save(figure, title, path, "peer library or bare driver" if mixed else None)
 
 
 def _not_measured(axes: Any, values: Sequence[object], at: float) -> None:
