@@ -616,8 +616,9 @@ def summary(rows: Sequence[plots.DatabaseRow], settings: dict[str, Any]) -> str:
         f"tooz's, inside GET_LOCK, in {handoff['tooz mysql']:.2f} ms. "
         f"While it waited, a process of ours cost the server "
         f"{mine['waiting_queries_per_second'][few]:.0f} statements a second with one "
-        f"waiting thread ({inserts:.0%} of them INSERTs: each poll is an INSERT and, "
-        f"the row being there, the upsert) and {mine['waiting_queries_per_second'][many]:.0f} "
+        f"waiting thread ({inserts:.0%} of them INSERTs: a poll is one INSERT ... ON "
+        "DUPLICATE KEY UPDATE, which MySQL counts as an INSERT) and "
+        f"{mine['waiting_queries_per_second'][many]:.0f} "
         f"with {many}; {fast['waiting_queries_per_second'][few]:.0f} and "
         f"{fast['waiting_queries_per_second'][many]:.0f} at 10 ms. tooz's waiters sent "
         f"{peer['waiting_queries_per_second'][many]:.1f} a second but held "
@@ -630,9 +631,7 @@ def summary(rows: Sequence[plots.DatabaseRow], settings: dict[str, Any]) -> str:
 
 def setup_note(settings: dict[str, Any], seconds: float) -> str:
     text = (
-        f"One run of {seconds:.0f} s on {settings['cpus']} CPUs ({settings['cpu']}), "
-        f"1-minute load average {settings['load_average_before']:.1f} before and "
-        f"{settings['load_average_after']:.1f} after. MariaDB {settings['mariadb']} on "
+        f"{harness.run_conditions(settings, seconds)} MariaDB {settings['mariadb']} on "
         "loopback, its redo log flushed at every commit. PyMySQL "
         f"{settings['pymysql']}, SQLAlchemy {settings['sqlalchemy']}, tooz "
         f"{settings['tooz']}. Cycles: {settings['cycles']} per contender and round, "

@@ -177,6 +177,17 @@ def write_ratios(
     return path
 
 
+def run_conditions(settings: dict[str, Any], seconds: float) -> str:
+    """The sentence every report's set-up note opens with: the run's length, the CPUs
+    (and their model, where known) and the load around it."""
+    model = f" ({settings['cpu']})" if "cpu" in settings else ""
+    return (
+        f"One run of {seconds:.0f} s on {settings['cpus']} CPUs{model}, 1-minute load "
+        f"average {settings['load_average_before']:.1f} before and "
+        f"{settings['load_average_after']:.1f} after."
+    )
+
+
 def utc_stamp() -> str:
     return time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
 

@@ -300,9 +300,7 @@ def summary(rows: Sequence[plots.DatabaseRow], threads: int) -> str:
 
 def setup_note(settings: dict[str, Any], seconds: float) -> str:
     text = (
-        f"One run of {seconds:.0f} s on {settings['cpus']} CPUs ({settings['cpu']}), "
-        f"1-minute load average {settings['load_average_before']:.1f} before and "
-        f"{settings['load_average_after']:.1f} after. PostgreSQL {settings['postgresql']} "
+        f"{harness.run_conditions(settings, seconds)} PostgreSQL {settings['postgresql']} "
         "on loopback, fsync and full_page_writes on, synchronous_commit on. psycopg "
         f"{settings['psycopg']}, psycopg2 {settings['psycopg2']}, SQLAlchemy "
         f"{settings['sqlalchemy']}, tooz {settings['tooz']}. Cycles: {settings['cycles']} "

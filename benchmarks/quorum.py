@@ -332,9 +332,8 @@ def setup_note(rows: list[plots.QuorumRow], settings: dict[str, Any], seconds: f
     """How the figures above were taken, in the section itself."""
     refused = [f"{r['group']} {r['name']}: {r['refused']}" for r in rows if r["refused"]]
     text = (
-        f"One run of {seconds:.0f} s on {settings['cpus']} CPUs, 1-minute load average "
-        f"{settings['load_average_before']:.1f} before and {settings['load_average_after']:.1f}"
-        f" after. {MASTERS} independent redis-server {settings['redis_server']} on loopback, "
+        f"{harness.run_conditions(settings, seconds)} {MASTERS} independent redis-server "
+        f"{settings['redis_server']} on loopback, "
         "no replication or persistence; ZooKeeper standalone; MariaDB flushing its redo log "
         f"at every commit. ttl (pottery: auto_release_time) {TTL:g} s. Cycles: "
         f"{settings['cycles']} per contender and round, {settings['rounds']} rounds, all "
