@@ -43,7 +43,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import json
 import multiprocessing
 import os
 import random
@@ -70,7 +69,6 @@ from benchmarks.harness import (
     Contender,
     Ratio,
     Result,
-    append_report,
     provider_contender,
     utc_stamp,
 )
@@ -674,22 +672,15 @@ def write(
     """Print the section; write the raw results to `json_path` if any; unless told not
     to, draw docs/img/<name>.png and append the section to docs/benchmarks.md."""
     print(body)
-    if json_path is not None:
-        json_path.parent.mkdir(parents=True, exist_ok=True)
-        json_path.write_text(json.dumps(results, indent=2) + "\n")
-        print(f"wrote {json_path}")
+    harness.save_results(json_path, results)
     if no_write:
         return
     title, stamp = results["title"], results["stamp"]
-    try:
-        image = plots.draw_database(name, f"{title} ({stamp})", results["rows"])
-    except ImportError as exc:  # the tables are worth keeping without the plot
-        print(f"no plot drawn ({exc}): pip install -e '.[plot]'", file=sys.stderr)
-    else:
-        body = f"{body}\n\n{plots.image_link(title, image)}"
-        print(f"drew {image}")
-    print(f"appended to {append_report(title, results['command'], body, stamp)}")
-    plots.keep_last_links()
+
+    def draw() -> Path:
+        return plots.draw_database(name, f"{title} ({stamp})", results["rows"])
+
+    harness.append_with_plot(title, results["command"], body, stamp, draw)
 
 
 def main(argv: list[str] | None = None) -> int:

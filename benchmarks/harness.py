@@ -279,17 +279,42 @@ def publish(
 
     command = f"python -m {module} " + " ".join(argv if argv is not None else sys.argv[1:])
     stamp = utc_stamp()
-    if _measured:
-        name = module.rsplit(".", 1)[-1]
+    name = module.rsplit(".", 1)[-1]
+
+    def draw() -> Path:
+        return plots.draw_results(name, f"{plot_title or title} ({stamp})", _measured)
+
+    append_with_plot(title, command, body, stamp, draw if _measured else None)
+
+
+def append_with_plot(
+    title: str, command: str, body: str, stamp: str, draw: Callable[[], Path] | None
+) -> None:
+    """Append a section to docs/benchmarks.md, linking the image `draw` makes (the
+    tables are worth keeping without it: matplotlib is an extra); earlier sections'
+    links to the same image are dropped, since the file now shows this run."""
+    from benchmarks import plots  # noqa: PLC0415  # it imports this module
+
+    if draw is not None:
         try:
-            image = plots.draw_results(name, f"{plot_title or title} ({stamp})", _measured)
-        except ImportError as exc:  # the table is worth keeping without its plot
+            image = draw()
+        except ImportError as exc:
             print(f"no plot drawn ({exc}): pip install -e '.[plot]'", file=sys.stderr)
         else:
             body = f"{body}\n\n{plots.image_link(title, image)}"
             print(f"drew {image}")
     print(f"appended to {append_report(title, command.strip(), body, stamp)}")
     plots.keep_last_links()
+
+
+def save_results(path: Path | None, results: Any) -> None:
+    """A run's raw results as JSON, from which its plot can be drawn again (nothing
+    without a path)."""
+    if path is None:
+        return
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(results, indent=2) + "\n")
+    print(f"wrote {path}")
 
 
 def compare(

@@ -39,7 +39,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import json
 import os
 import statistics
 import sys
@@ -61,7 +60,6 @@ from benchmarks.harness import (
     Contender,
     Ratio,
     Result,
-    append_report,
     provider_contender,
     utc_stamp,
 )
@@ -455,21 +453,11 @@ def main(argv: list[str] | None = None) -> int:
     )
     print(body)
     json_path = args.json or (None if args.no_write else plots.QUORUM_RESULTS)
-    if json_path is not None:
-        json_path.parent.mkdir(parents=True, exist_ok=True)
-        json_path.write_text(json.dumps(results, indent=2) + "\n")
-        print(f"wrote {json_path}")
+    harness.save_results(json_path, results)
     if args.no_write:
         return 0
-    try:
-        image = plots.draw_quorum(f"{TITLE} ({stamp})", rows)
-    except ImportError as exc:  # the tables are worth keeping without the plot
-        print(f"no plot drawn ({exc}): pip install -e '.[plot]'", file=sys.stderr)
-    else:
-        body = f"{body}\n\n{plots.image_link(TITLE, image)}"
-        print(f"drew {image}")
-    print(f"appended to {append_report(TITLE, command.strip(), body, stamp)}")
-    plots.keep_last_links()
+    harness.append_with_plot(TITLE, command, body, stamp,
+                             lambda: plots.draw_quorum(f"{TITLE} ({stamp})", rows))  # fmt: skip
     return 0
 
 

@@ -38,7 +38,6 @@ go to benchmarks/results/topologies.json.
 from __future__ import annotations
 
 import argparse
-import json
 import logging
 import os
 import statistics
@@ -63,7 +62,6 @@ from benchmarks.harness import (
     Contender,
     Ratio,
     Result,
-    append_report,
     measure,
     provider_contender,
     utc_stamp,
@@ -546,21 +544,14 @@ def main(argv: list[str] | None = None) -> int:
     body += "\n\n" + setup_note(results_json["settings"], elapsed)
     print(body)
     json_path = args.json or (None if args.no_write else plots.TOPOLOGIES_RESULTS)
-    if json_path is not None:
-        json_path.parent.mkdir(parents=True, exist_ok=True)
-        json_path.write_text(json.dumps(results_json, indent=2) + "\n")
-        print(f"wrote {json_path}")
+    harness.save_results(json_path, results_json)
     if args.no_write:
         return 0
-    try:
-        image = plots.draw_topologies(f"{TITLE} ({stamp})", rows, outages)
-    except ImportError as exc:  # the tables are worth keeping without the plot
-        print(f"no plot drawn ({exc}): pip install -e '.[plot]'", file=sys.stderr)
-    else:
-        body = f"{body}\n\n{plots.image_link(TITLE, image)}"
-        print(f"drew {image}")
-    print(f"appended to {append_report(TITLE, command.strip(), body, stamp)}")
-    plots.keep_last_links()
+
+    def draw() -> Path:
+        return plots.draw_topologies(f"{TITLE} ({stamp})", rows, outages)
+
+    harness.append_with_plot(TITLE, command, body, stamp, draw)
     return 0
 
 
