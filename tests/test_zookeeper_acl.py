@@ -11,10 +11,10 @@ from collections.abc import Iterator
 import pytest
 from kazoo.client import KazooClient
 from kazoo.exceptions import NoAuthError
-from kazoo.security import OPEN_ACL_UNSAFE
 
 from locks import AccessDenied
 from locks.backends import ZooKeeperProvider
+from tests.guarded import assert_refused_by_acls, holders_node
 from tests.servers import ZooKeeperServer
 from tests.threads import in_thread
 
@@ -47,16 +47,9 @@ def test_no_other_client_can_delete_a_holders_node_or_queue_for_its_lock(
     try:
         lease = provider.acquire(key, wait=5)
         assert lease is not None
-        parent = provider._parent(key)
-        (child,) = provider.client.get_children(parent)
-        node = f"{parent}/{child}"
+        parent, node = holders_node(provider, key)
         for client in intruders:  # anonymous, and another digest identity
-            with pytest.raises(NoAuthError):
-                client.delete(node)
-            with pytest.raises(NoAuthError):
-                client.create(f"{parent}/sneaky-", ephemeral=True, sequence=True)
-            with pytest.raises(NoAuthError):
-                client.set_acls(node, list(OPEN_ACL_UNSAFE))
+            assert_refused_by_acls(client, parent, node)
             with pytest.raises(NoAuthError):
                 client.create(f"{root}/another-key")
         assert provider.is_held(lease)

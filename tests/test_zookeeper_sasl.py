@@ -19,7 +19,6 @@ from kazoo.client import KazooClient
 from kazoo.exceptions import (
     AuthFailedError,
     ConnectionDropped,
-    NoAuthError,
     SessionClosedRequireSaslError,
 )
 from kazoo.security import OPEN_ACL_UNSAFE, Permissions
@@ -33,6 +32,7 @@ from locks import (
 )
 from locks.backends import LocalProvider, ZooKeeperProvider
 from locks.events import Event, EventKind
+from tests.guarded import assert_refused_by_acls, holders_node
 from tests.ports import free_port
 from tests.servers import ZooKeeperServer
 from tests.servers.tls_servers import TLSZooKeeperServer
@@ -101,15 +101,8 @@ def test_no_other_client_can_delete_a_holders_node_or_take_its_lock(
     try:
         lease = provider.acquire(key, wait=5)
         assert lease is not None
-        parent = provider._parent(key)
-        (child,) = provider.client.get_children(parent)
-        node = f"{parent}/{child}"
-        with pytest.raises(NoAuthError):
-            other.delete(node)
-        with pytest.raises(NoAuthError):
-            other.create(f"{parent}/sneaky-", ephemeral=True, sequence=True)
-        with pytest.raises(NoAuthError):
-            other.set_acls(node, list(OPEN_ACL_UNSAFE))
+        parent, node = holders_node(provider, key)
+        assert_refused_by_acls(other, parent, node)
         for stranger in strangers:
             stranger.start(timeout=10)  # the server answers the handshake, then nothing
             with pytest.raises(SessionClosedRequireSaslError):
@@ -127,7 +120,7 @@ def test_no_other_client_can_delete_a_holders_node_or_take_its_lock(
             finally:
                 intruder.close()
         assert provider.is_held(lease)
-        assert provider.client.get_children(parent) == [child]
+        assert [f"{parent}/{c}" for c in provider.client.get_children(parent)] == [node]
         provider.release(lease)
     finally:
         provider.close()
