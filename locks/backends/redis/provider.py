@@ -58,8 +58,6 @@ class _Keys:
     fence: str
     channel: str
     waiting: str  # marked while someone waits: a release publishes only then (scripts.py)
-    acquire: list[str]  # the acquire script's KEYS
-    release: list[str]  # the release script's KEYS
 
 
 class _NotReplicated(Exception):
@@ -252,7 +250,7 @@ class _RedisProviderBase(ProviderBase):
         wait_ms = -1 if deadline is None else max(0, math.ceil((deadline - sent_at) * 1000))
         args = self._acquire_args(keys, owner, token, ttl_ms, wait_ms)
         try:
-            reply, acks = self._call(self._acquire_script, keys.acquire, args)
+            reply, acks = self._call(self._acquire_script, [keys.lock, keys.fence], args)
         except (*self.driver_errors, *self.unavailable_errors) as exc:
             raise self._error(exc, ambiguous=_maybe_sent(exc), key=keys.name, token=token) from exc
         self._answering = True
@@ -280,7 +278,7 @@ class _RedisProviderBase(ProviderBase):
         keys = self._keys(key)
         sent_at = time.monotonic()
         args = self._acquire_args(keys, owner, token, _ms(ttl), 0)
-        read = self._send(self._acquire_script, keys.acquire, args, key, token)
+        read = self._send(self._acquire_script, [keys.lock, keys.fence], args, key, token)
         if read is None:
             return None
 
@@ -294,7 +292,7 @@ class _RedisProviderBase(ProviderBase):
     def _start_release(self, lease: Lease) -> Callable[[], bool]:
         keys = self._keys(lease.key)
         args = [self._value(lease.owner, lease.token), keys.channel]
-        read = self._send(self._release_script, keys.release, args, lease.key)
+        read = self._send(self._release_script, [keys.lock], args, lease.key)
         if read is None:
             return super()._start_release(lease)
         return lambda: bool(read() == 1)
@@ -375,7 +373,7 @@ class _RedisProviderBase(ProviderBase):
             return
         try:
             script_args = [self._value(owner, token), keys.channel]
-            self._release_script(self.topology.client(), keys.release, script_args)
+            self._release_script(self.topology.client(), [keys.lock], script_args)
         except (*self.driver_errors, *self.unavailable_errors) as exc:
             raise self._error(exc, ambiguous=True, key=keys.name, token=token) from exc
         if isinstance(acks, Exception):  # e.g. WAITAOF on a server that lacks it
@@ -389,7 +387,7 @@ class _RedisProviderBase(ProviderBase):
     def _release(self, lease: Lease) -> bool:
         keys = self._keys(lease.key)
         args = [self._value(lease.owner, lease.token), keys.channel]
-        return bool(self._script(self._release_script, keys.release, args) == 1)
+        return bool(self._script(self._release_script, [keys.lock], args) == 1)
 
     def _extend(self, lease: Lease, ttl: float) -> bool:
         """With `sync_replicas`, a renewal the replicas did not acknowledge failed: the
@@ -576,8 +574,7 @@ def _keys(prefix: str, key: str) -> _Keys:
     """The lock key, fence key, waiting mark and release channel of `key`, sharing one
     hash tag."""
     base = f"{prefix}:{{{redis_hash_tag(key)}}}"
-    lock, fence = base, base + ":fence"
-    return _Keys(key, lock, fence, base + ":released", base + ":waiting", [lock, fence], [lock])
+    return _Keys(key, base, base + ":fence", base + ":released", base + ":waiting")
 
 
 def _ms(seconds: float) -> int:
