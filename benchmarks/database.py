@@ -11,8 +11,9 @@ every commit, as in production) on a free loopback port, and measures:
    (median of --samples), as `benchmarks.harness.measure` does. Baseline: a raw PyMySQL
    pair in autocommit on a table of its own (INSERT of a unique key to take, DELETE to
    give back; it only spins to wait, so no hand-off is reported). The floor: our own
-   two statements (`DatabaseProvider`'s plain INSERT and its owner-and-fence guarded
-   DELETE, on a lock table of its own) replayed by bare PyMySQL in autocommit; the
+   two statements on a key in use (`DatabaseProvider`'s update that takes the free row,
+   and its owner-and-fence guarded release, which keeps the row free for its fence, on
+   a lock table of its own) replayed by bare PyMySQL in autocommit; the
    target is ours >= 0.95x of it. Peer: tooz's mysql
    driver (GET_LOCK/RELEASE_LOCK; it opens a connection per lock object and closes it
    on release). Like ours (`wait=30`), tooz waits with `timeout=30`, which waits inside
@@ -74,13 +75,13 @@ from benchmarks.harness import (
 )
 from locks import measure as core
 from locks.backends import DatabaseProvider
-from locks.backends.database import _CLOCK_US, _MYSQL_INSERT, _RELEASE
+from locks.backends.database import _CLOCK_US, _MYSQL_TAKE, _MYSQL_UPSERT, _RELEASE
 from tests.servers import MariaDBServer
 
 TITLE = "Database (MariaDB): uncontended cycles, hand-off across processes, polling cost"
 MODULE = "benchmarks.database"
 RAW = "raw pymysql INSERT + DELETE"
-REPLAY = "bare pymysql, our INSERT + DELETE"
+REPLAY = "bare pymysql, our take + release"
 OURS = "fallback-locks database"
 RATIOS = (
     Ratio("database/database-vs-bare-pymysql-our-statements", OURS, REPLAY),
@@ -175,8 +176,9 @@ def raw_insert_delete(server: MariaDBServer) -> Contender:
 
 def replay_ours(server: MariaDBServer) -> Contender:
     """The floor of the target: the provider's own acquire and release statements, as
-    it sends them while the lock is free, on a lock table it made, with the library left
-    out (the fence comes back as LAST_INSERT_ID, and guards the DELETE)."""
+    it sends them on a key in use while the lock is free, on a lock table it made, with
+    the library left out (the fence comes back as LAST_INSERT_ID, and guards the
+    release)."""
     table = "bench_replay"
     made = DatabaseProvider(server.url, table=table)
     made.create_table()
@@ -186,24 +188,24 @@ def replay_ours(server: MariaDBServer) -> Contender:
         named = re.sub(r":([A-Za-z_]\w*)", r"%(\1)s", sql)  # before the clock's '00:00'
         return named.format(t=table, now=_CLOCK_US["mysql"])
 
-    insert, delete = pyformat(_MYSQL_INSERT), pyformat(_RELEASE)
+    take, upsert, free = pyformat(_MYSQL_TAKE), pyformat(_MYSQL_UPSERT), pyformat(_RELEASE)
     owner = uuid.uuid4().hex
     connection, close = _per_thread(server)
 
     def acquire(key: str) -> Any:
         cursor = connection().cursor()
         params = {"name": key, "owner": owner, "ttl_us": 30_000_000}
-        while True:
-            try:
-                cursor.execute(insert, {**params, "token": f"{random.getrandbits(128):032x}"})
+        while True:  # as a try of ours: the take, the upsert where it took nothing
+            params["token"] = f"{random.getrandbits(128):032x}"
+            if not cursor.execute(take, params):
+                cursor.execute(upsert, params)
+            if cursor.lastrowid:  # else held: spin (only the uncontended figure counts)
                 return key, cursor.lastrowid
-            except pymysql.IntegrityError:
-                pass  # spin: only the uncontended figure of this floor is reported
 
     def release(handle: tuple[str, int]) -> None:
         key, fence = handle
         params = {"name": key, "owner": owner, "fence": fence}
-        connection().cursor().execute(delete, params)
+        connection().cursor().execute(free, params)
 
     return Contender(REPLAY, acquire, release, close)
 

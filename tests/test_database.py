@@ -1,5 +1,5 @@
 """What only the database backend promises: one statement per acquire and release,
-rows that do not pile up, fences across re-created rows, verbatim names, clear errors when the
+rows kept for their fences and purged once idle, fences across re-created rows, verbatim names, clear errors when the
 server dies or turns read-only, and the minimal grant."""
 
 from __future__ import annotations
@@ -9,6 +9,7 @@ import os
 import signal
 import threading
 import time
+import uuid
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -42,21 +43,24 @@ def status(server: MariaDBServer, *names: str) -> dict[str, int]:
 def test_acquire_and_release_are_one_statement_each_with_no_commit_or_rollback(
     db: DatabaseProvider, mariadb_server: MariaDBServer, key: str
 ) -> None:
+    """A key new to the process is inserted, one whose row it has seen is taken by an
+    update; a release updates the row, kept free for its fence."""
     db.release(db.acquire(key, ttl=30) or pytest.fail("not acquired"))  # table, pool warm
     counters = ("Com_insert", "Com_delete", "Com_update", "Com_commit", "Com_rollback", "Questions")
-    before = status(mariadb_server, *counters)
-    for _ in range(100):
-        lease = db.acquire(key, ttl=30)
-        assert lease is not None
-        db.release(lease)
-    after = status(mariadb_server, *counters)
-    delta = {name: after[name] - before[name] for name in counters}
-    # every statement the server saw: 200 of ours, and the two the `mariadb` client sends
-    # for the second SHOW STATUS (its version query and the SHOW itself)
-    assert delta == {
-        "Com_insert": 100, "Com_delete": 100, "Com_update": 0, "Com_commit": 0,
-        "Com_rollback": 0, "Questions": 202,
-    }  # fmt: skip
+    for names, inserts in (([key] * 100, 0), ([f"{key}:{i}" for i in range(100)], 100)):
+        before = status(mariadb_server, *counters)
+        for name in names:
+            lease = db.acquire(name, ttl=30)
+            assert lease is not None
+            db.release(lease)
+        after = status(mariadb_server, *counters)
+        delta = {name: after[name] - before[name] for name in counters}
+        # every statement the server saw: 200 of ours, and the two the `mariadb` client
+        # sends for the second SHOW STATUS (its version query and the SHOW itself)
+        assert delta == {
+            "Com_insert": inserts, "Com_delete": 0, "Com_update": 200 - inserts,
+            "Com_commit": 0, "Com_rollback": 0, "Questions": 202,
+        }  # fmt: skip
 
 
 def test_hostile_and_unicode_names_are_stored_and_released_verbatim(
@@ -73,13 +77,14 @@ def test_hostile_and_unicode_names_are_stored_and_released_verbatim(
     assert mariadb_server.sql("SHOW TABLES FROM locks") == "locks"
 
 
-def test_rows_of_released_and_dead_holders_go_and_fences_keep_rising(
+def test_rows_of_released_and_dead_holders_are_purged_once_idle_and_fences_keep_rising(
     mariadb_server: MariaDBServer, key: str
 ) -> None:
     db = DatabaseProvider(mariadb_server.url, purge_after=0.2)
 
-    def rows() -> str:
-        return mariadb_server.sql(f"SELECT COUNT(*) FROM locks.locks WHERE name LIKE '{key}%'")
+    def rows(live: bool = False) -> str:
+        where = f"name LIKE '{key}%'" + (" AND expires_at > 0" if live else "")
+        return mariadb_server.sql(f"SELECT COUNT(*) FROM locks.locks WHERE {where}")
 
     released = [f"{key}:released:{i}" for i in range(10)]
     abandoned = [f"{key}:abandoned:{i}" for i in range(10)]
@@ -90,9 +95,9 @@ def test_rows_of_released_and_dead_holders_go_and_fences_keep_rising(
         fences[name] = lease.fence
         if name in released:
             db.release(lease)
-    assert rows() == "10"  # a release deletes its row at once
-    time.sleep(0.4)  # the abandoned ones expire, then outlive the grace
-    assert db.purge() == 10
+    assert (rows(), rows(live=True)) == ("20", "10")  # a released row stays, free
+    time.sleep(0.4)  # the abandoned ones expire, then every row outlives the grace
+    assert db.purge() >= 20  # (and the rows other tests left in the table)
     assert rows() == "0"
     for name in released + abandoned:  # re-created rows start from the clock: higher
         lease = db.acquire(name, ttl=30)
@@ -255,7 +260,8 @@ def test_a_lease_is_released_even_after_its_provider_closed(
     lease = db.acquire(key, ttl=30, on_lost=lost.append)
     assert lease is not None
     db.close()
-    assert mariadb_server.sql(f"SELECT COUNT(*) FROM locks.locks WHERE name = '{key}'") == "0"
+    live = f"SELECT COUNT(*) FROM locks.locks WHERE name = '{key}' AND expires_at > 0"
+    assert mariadb_server.sql(live) == "0"
     assert lost == [lease]
     with pytest.raises(LockNotOwned):
         db.release(lease)
@@ -538,3 +544,51 @@ def _take_and_note(provider: DatabaseProvider, key: str, index: int, order: list
     assert lease is not None
     order.append(index)
     provider.release(lease)
+
+
+# a statement of a session with the flag set sleeps in a BEFORE INSERT trigger: it has
+# read the server's clock (on arrival) and inserts half a second later
+_DELAY = {
+    "mariadb": (
+        "CREATE TRIGGER locks.{t}_delay BEFORE INSERT ON locks.{t} FOR EACH ROW "
+        "SET @slept = IF(@delayed = 1, SLEEP(0.5), 0)",
+        {"init_command": "SET @delayed = 1"},
+    ),
+    "postgresql": (
+        "CREATE FUNCTION {t}_delay() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN "
+        "IF current_setting('locks.delayed', true) = 'on' THEN PERFORM pg_sleep(0.5); "
+        "END IF; RETURN NEW; END $$; "
+        "CREATE TRIGGER {t}_delay BEFORE INSERT ON {t} FOR EACH ROW EXECUTE FUNCTION {t}_delay();",
+        {"options": "-c locks.delayed=on"},
+    ),
+}
+
+
+@pytest.mark.parametrize("kind", sorted(_DELAY))
+def test_a_grant_delayed_on_the_server_still_gets_a_fence_above_one_made_meanwhile(
+    kind: str, request: pytest.FixtureRequest, key: str
+) -> None:
+    """The server's clock is read when a statement arrives, not when it writes: a grant
+    whose statement arrived first but wrote last (descheduled, or waiting on a row) must
+    still count on from every grant made in between, even one that came and went."""
+    server = request.getfixturevalue(f"{kind}_server")
+    table = f"delay_{uuid.uuid4().hex[:12]}"
+    prompt = DatabaseProvider(server.url, table=table)
+    prompt.create_table()
+    trigger, delayed_session = _DELAY[kind]
+    server.sql(trigger.format(t=table))
+    delayed = DatabaseProvider(server.url, table=table, connect_args=delayed_session)
+    try:
+        first = prompt.acquire(key, ttl=30) or pytest.fail("not acquired")
+        prompt.release(first)
+        with ThreadPoolExecutor(max_workers=1) as other:
+            late = other.submit(delayed.acquire, key, ttl=30, wait=5)
+            time.sleep(0.2)  # its statement is on the server, asleep before it writes
+            between = prompt.acquire(key, ttl=30, wait=0) or pytest.fail("not acquired")
+            prompt.release(between)
+            lease = late.result(timeout=10) or pytest.fail("the delayed grant failed")
+        assert first.fence < between.fence < lease.fence
+        delayed.release(lease)
+    finally:
+        delayed.close()
+        prompt.close()

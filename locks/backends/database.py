@@ -1,14 +1,13 @@
 """Database backend (SQLAlchemy 2 Core): one row per held lock in one table.
 
-Acquire is one statement while the lock is free: a plain `INSERT` of the row, the same
-work as the cheapest INSERT+DELETE lock. Only when a row is already there does the
-upsert decide, by the database server's clock: on MySQL/MariaDB `INSERT ... ON
-DUPLICATE KEY UPDATE`, on PostgreSQL and SQLite `INSERT ... ON CONFLICT DO UPDATE ...
-WHERE`; it takes the row over only when it has expired, and adds a level when the same
-owner re-enters. The outcome comes back with the statement (MySQL: `LAST_INSERT_ID(expr)`
-in the OK packet; elsewhere `RETURNING`), so nothing is read back and no transaction is
-opened. (The upsert alone would do; on MariaDB parsing its long update clause costs as
-much as a fifth of the whole cycle, so the common case skips it.)
+Acquire is one statement: an upsert that decides by the database server's clock, on
+MySQL/MariaDB `INSERT ... ON DUPLICATE KEY UPDATE`, on PostgreSQL and SQLite `INSERT ...
+ON CONFLICT DO UPDATE ... WHERE`; it takes the row over only when it is free or expired.
+The outcome comes back with the statement (MySQL: `LAST_INSERT_ID(expr)` in the OK
+packet; elsewhere `RETURNING`), so nothing is read back and no transaction is opened.
+A key whose row this process has not seen lately is tried with a plain `INSERT` first
+(on MariaDB parsing the upsert's long update clause costs as much as a fifth of a
+cycle); a duplicate means the row is there, and the upsert follows.
 
 A row is one grant (depth 1): nested levels are counted in the holder's process
 (`locks.holds`). A row already held by the acquiring owner is one its process lost
@@ -16,15 +15,18 @@ track of (a lost reply, a release not yet delivered): it is taken over as a new 
 with a new token and fence. Release, renewal and `is_held` are guarded by owner, fence
 and the row's expiry, so an expired lease can never be released or brought back.
 
-Release deletes the row; rows of holders that died are taken over when expired, or
-purged after `purge_after`. Fences: a new row starts from the server clock in
-microseconds and a take-over gives max(fence + 1, clock), so fences strictly increase as
-long as the database server's clock does not step back. The same rule carries them
-across the promotion of a replica that lacks a row or holds an older version of it, as
-long as the promoted server's clock is not behind the old primary's by more than the time
-since the last grant there (docs/topologies/mariadb-replica.md). SQLite's clock counts
-milliseconds, so a released row is kept there (marked free, expiring at once) and the
-next grant counts on from its fence.
+Fences strictly increase by the rule of the row: a new row starts from the server clock
+in microseconds and a take-over gives max(fence + 1, clock). A statement reads that clock
+when it arrives, not when it writes, so a row must outlive its grant: a waiter whose
+statement arrived, then slept (descheduled, or queued on the row) while another grant
+came and went would otherwise insert a fresh row below that grant's fence. Release
+therefore keeps the row, free (`expires_at` 0), and the next grant counts on from it
+under the row's lock. A free row, or an expired one of a holder that died, is purged
+once its fence and expiry are older than `purge_after` (far longer than any statement
+waits on a server), by which time every clock in flight has passed it. The same rule
+carries fences across the promotion of a replica that lacks a row or holds an older
+version of it, as long as the promoted server's clock is not behind the old primary's by
+more than the time since the last grant there (docs/topologies/mariadb-replica.md).
 
 Minimal privileges for the lock user: SELECT, INSERT, UPDATE, DELETE on the lock table
 (plus CREATE on the database if the provider is to create the table itself).
@@ -75,6 +77,7 @@ _NUDGE = 1.0  # seconds: the longest a waiter sleeps without asking (notices may
 _PURGE_EVERY = 1000  # releases between purges of rows left by dead holders
 _DEADLOCK_RETRIES = 10  # a statement chosen as a deadlock victim is run again this often
 _IDLE_PING = 5.0  # a pooled connection idle, or unchecked, for longer is pinged before use
+_ROWS_SEEN = 10_000  # keys remembered to have a row (their tries skip the plain INSERT)
 
 _CLOCK_US = {
     "mysql": "TIMESTAMPDIFF(MICROSECOND, '1970-01-01 00:00:00', UTC_TIMESTAMP(6))",
@@ -127,6 +130,22 @@ WHERE l.expires_at <= {now} OR l.owner = excluded.owner
 RETURNING fence, depth
 """
 
+# A row this process has seen: take it if it is free or expired, or if it is this
+# owner's. MySQL applies SET assignments left to right (`expires_at` sees the new
+# `acquired_at`); elsewhere each sees the old row. No row updated: held, or not there.
+_MYSQL_TAKE = """
+UPDATE {t} SET fence = LAST_INSERT_ID(GREATEST(fence + 1, {now})), token = :token, depth = 1,
+  acquired_at = {now}, expires_at = acquired_at + :ttl_us, owner = :owner
+WHERE name = :name AND (expires_at <= {now} OR owner = :owner)
+"""
+
+_TAKE = """
+UPDATE {t} SET fence = {greatest}(fence + 1, {now}), token = :token, depth = 1,
+  acquired_at = {now}, expires_at = {now} + :ttl_us, owner = :owner
+WHERE name = :name AND (expires_at <= {now} OR owner = :owner)
+RETURNING fence
+"""
+
 # The fence names the grant, so it guards release and renewal together with the owner.
 # Renewal and `is_held` also need the row unexpired: an expired lease is over even while
 # nobody has taken the row, and a renewal must not bring it back. A release does not:
@@ -136,16 +155,14 @@ RETURNING fence, depth
 _GRANT = "name = :name AND owner = :owner AND fence = :fence"
 _LIVE_GRANT = _GRANT + " AND expires_at > {now}"
 
-_RELEASE = "DELETE FROM {t} WHERE " + _GRANT
-
-# where released rows are kept (SQLite): free at once, its fence kept for the next grant
-_RELEASE_KEEP = "UPDATE {t} SET expires_at = {now} WHERE " + _GRANT
+# Release keeps the row, free, for its fence (the module's docstring): expiry 0 is before
+# any clock, so the next upsert takes it over whenever its statement arrived, and it
+# marks the row released, so that the same lease cannot be released twice
+_FREE = "UPDATE {t} SET expires_at = 0 WHERE expires_at > 0 AND "
+_RELEASE = _FREE + _GRANT
 
 # a grant whose reply was lost: its token is known, its fence is not
-_RELEASE_TOKEN = "DELETE FROM {t} WHERE name = :name AND owner = :owner AND token = :token"
-_RELEASE_TOKEN_KEEP = (
-    "UPDATE {t} SET expires_at = {now} WHERE name = :name AND owner = :owner AND token = :token"
-)
+_RELEASE_TOKEN = _FREE + "name = :name AND owner = :owner AND token = :token"
 
 _EXTEND = "UPDATE {t} SET expires_at = {now} + :ttl_us WHERE " + _LIVE_GRANT
 
@@ -156,9 +173,8 @@ SELECT owner, depth, fence, expires_at - {now} FROM {t}
 WHERE name = :name AND expires_at > {now}
 """
 
-# an operator breaking a stuck lock: the grant read by `_HOLDER` ends now, its row kept so
-# that the next grant's fence counts on from it (a take-over gives fence + 1 at least)
-_BREAK = "UPDATE {t} SET expires_at = {now} WHERE name = :name AND fence = :fence"
+# an operator breaking a stuck lock: the grant read by `_HOLDER` ends now, as if released
+_BREAK = _FREE + "name = :name AND fence = :fence"
 
 
 def _announcing(channel: str) -> Callable[[str], str]:
@@ -174,9 +190,11 @@ def _announcing(channel: str) -> Callable[[str], str]:
     return announced
 
 
-# rows of holders that died: expired for longer than the grace (found, then deleted)
-_PURGE_FIND = "SELECT name FROM {t} WHERE expires_at < {now} - :grace_us LIMIT 1000"
-_PURGE = "DELETE FROM {t} WHERE name = :name AND expires_at < {now} - :grace_us"
+# rows freed, or left by holders that died, whose fence and expiry are older than the
+# grace: no statement still in flight read a clock below their fence (found, then deleted)
+_IDLE = "expires_at < {now} - :grace_us AND fence < {now} - :grace_us"
+_PURGE_FIND = "SELECT name FROM {t} WHERE " + _IDLE + " LIMIT 1000"
+_PURGE = "DELETE FROM {t} WHERE name = :name AND " + _IDLE
 
 
 @dataclass(frozen=True)
@@ -288,9 +306,6 @@ class DatabaseProvider(ProviderBase):
             )
         self._dialect = dialect
         self._mysql = dialect == "mysql"
-        # SQLite's clock counts milliseconds: a deleted row's successor could repeat its
-        # fence, so released rows are kept there and the next grant counts on
-        self._keeps_rows = dialect == "sqlite"
         # libpq has no read timeout: PostgreSQL's statements get one of ours
         self._deadlines = (
             Deadlines(self.socket_timeout, f"locks-deadlines-{self.name}")
@@ -333,6 +348,8 @@ class DatabaseProvider(ProviderBase):
                 timeout=self.socket_timeout, name=f"locks-notices-{self.name}",
             )  # fmt: skip
         self._releases = 0
+        # keys whose row this process saw lately (a hint: a wrong one costs a statement)
+        self._rows_seen: dict[str, None] = {}
 
     def _compile(self, channel: str | None) -> None:
         """Every statement, compiled once for the driver; those that free a lock notify
@@ -347,11 +364,10 @@ class DatabaseProvider(ProviderBase):
 
         self._insert_sql = compiled(_MYSQL_INSERT if self._mysql else _INSERT)
         self._upsert_sql = compiled(_MYSQL_UPSERT if self._mysql else _UPSERT)
-        self._release_sql = compiled(announced(_RELEASE_KEEP if self._keeps_rows else _RELEASE))
+        self._take_sql = compiled(_MYSQL_TAKE if self._mysql else _TAKE)
+        self._release_sql = compiled(announced(_RELEASE))
         self._extend_sql = compiled(_EXTEND)
-        self._release_token_sql = compiled(
-            announced(_RELEASE_TOKEN_KEEP if self._keeps_rows else _RELEASE_TOKEN)
-        )
+        self._release_token_sql = compiled(announced(_RELEASE_TOKEN))
         self._is_held_sql = compiled(_IS_HELD)
         self._holder_sql = compiled(_HOLDER)
         self._break_sql = compiled(announced(_BREAK))
@@ -377,7 +393,7 @@ class DatabaseProvider(ProviderBase):
             sa.Column("token", sa.String(64), nullable=False),
             sa.Column("depth", sa.Integer, nullable=False),
             sa.Column("fence", sa.BigInteger, nullable=False),
-            sa.Column("expires_at", sa.BigInteger, nullable=False),  # µs, database clock
+            sa.Column("expires_at", sa.BigInteger, nullable=False),  # µs, database clock; 0: free
             sa.Column("acquired_at", sa.BigInteger, nullable=False),
             mysql_engine="InnoDB",
             mysql_charset="utf8mb4",
@@ -522,32 +538,48 @@ class DatabaseProvider(ProviderBase):
     def _take(
         self, params: dict[str, Any], key: str, token: str, *, row_seen: bool = False
     ) -> Grant | None:
-        """One try: the grant if this owner holds the lock now, else None. `row_seen`: a
-        try found the row held a moment ago, so the upsert goes alone (it inserts a
-        missing row too): a waiter's poll is one statement, not two."""
+        """One try: the grant if this owner holds the lock now, else None. The first
+        statement follows what this process knows of the key's row: a waiter that found
+        it held a moment ago (`row_seen`) sends the upsert, which decides whether the
+        row is there or not, so a poll is one statement; a key whose row it has seen
+        lately, the update that takes it; any other key, the insert that makes it.
+        Where the update or the insert grants nothing, the upsert decides."""
         sent_at = time.monotonic()
-        fence, row = 0, None
-        if not row_seen:
-            try:
-                _, fence, row = self._run(
-                    self._insert_sql, params, ambiguous=True, key=key, token=token
-                )
-            except self._duplicate_key:  # MySQL: a row is there
-                fence, row = 0, None
-            else:
-                if self._mysql:
-                    return Grant(token, fence, 1, sent_at)  # LAST_INSERT_ID: the new row's
-        if row is None:
-            _, fence, row = self._run(
-                self._upsert_sql, params, ambiguous=True, key=key, token=token
-            )
-            if self._mysql:
-                return Grant(token, fence, 1, sent_at) if fence else None
-        return Grant(token, int(row[0]), 1, sent_at) if row is not None else None
+        if row_seen:
+            first = self._upsert_sql
+        else:
+            first = self._take_sql if key in self._rows_seen else self._insert_sql
+        fence = self._fence_from(first, params, key, token)
+        if fence is None and first is not self._upsert_sql:
+            self._saw_row(key)
+            fence = self._fence_from(self._upsert_sql, params, key, token)
+        return None if fence is None else Grant(token, fence, 1, sent_at)
+
+    def _fence_from(
+        self, statement: _Statement, params: dict[str, Any], key: str, token: str
+    ) -> int | None:
+        """The new grant's fence, or None if `statement` granted nothing."""
+        try:
+            rows, fence, row = self._run(statement, params, ambiguous=True, key=key, token=token)
+        except self._duplicate_key:  # MySQL's insert: a row is there
+            return None
+        if not self._mysql:
+            return None if row is None else int(row[0])  # RETURNING
+        # LAST_INSERT_ID: 0 when nothing was granted, and also when a trigger on the
+        # table hid it from an insert's reply (MariaDB does). That row is this owner's:
+        # the upsert, whose reply keeps it, takes it over.
+        return fence if rows and fence else None
+
+    def _saw_row(self, key: str) -> None:
+        seen = self._rows_seen
+        if len(seen) >= _ROWS_SEEN:
+            seen.clear()  # bounded: forgotten keys cost one more statement once
+        seen[key] = None
 
     def _release(self, lease: Lease) -> bool:
         params = {"name": lease.key, "owner": lease.owner, "fence": lease.fence}
         released = self._run(self._release_sql, params)[0] == 1
+        self._saw_row(lease.key)  # kept, free: the next try goes straight to the upsert
         if released:  # the lock is free
             self._wakeups.wake(lease.key)
         self._releases += 1
@@ -563,9 +595,8 @@ class DatabaseProvider(ProviderBase):
         return released
 
     def purge(self) -> int:
-        """Delete rows expired for longer than `purge_after` (their holders died without
-        releasing, and nobody has taken them over since), up to 1000 a call; returns
-        how many."""
+        """Delete rows free, or expired (their holders died), whose fence and expiry are
+        older than `purge_after`, up to 1000 a call; returns how many."""
         params: dict[str, Any] = {"grace_us": round(self.purge_after * 1e6)}
         # Found by a plain read, then deleted one by one by key. A DELETE with the expiry
         # in its WHERE scans the table (the expiry has no index): InnoDB would lock every
