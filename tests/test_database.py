@@ -1,6 +1,7 @@
 """What only the database backend promises: one statement per acquire and release,
-rows kept for their fences and purged once idle, fences across re-created rows, verbatim names, clear errors when the
-server dies or turns read-only, and the minimal grant."""
+rows kept for their fences and purged once idle, fences across re-created rows,
+verbatim names, clear errors when the server dies or turns read-only, and the minimal
+grant."""
 
 from __future__ import annotations
 
