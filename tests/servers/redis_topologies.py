@@ -180,6 +180,25 @@ class SentinelTopology:
         port = self.primary_port()
         return next(node for node in self.nodes if node.port != port)
 
+    def describe(self) -> str:
+        """Each node's role and each sentinel's primary now, for a failure's message."""
+        parts = []
+        for node in self.nodes:
+            try:
+                info = node.info("replication")
+                parts.append(f"{node.name}:{node.port} {info.get('role')} "
+                             f"(link {info.get('master_link_status', '-')})")  # fmt: skip
+            except (redis.RedisError, OSError) as error:
+                parts.append(f"{node.name}:{node.port} unreachable ({error})")
+        for sentinel in self.sentinels:
+            try:
+                with sentinel.client() as client:
+                    named = client.sentinel_get_master_addr_by_name(self.service)
+                parts.append(f"{sentinel.name} names {named}")
+            except (redis.RedisError, OSError) as error:
+                parts.append(f"{sentinel.name} unreachable ({error})")
+        return "; ".join(parts)
+
     def _healthy(self) -> bool:
         primary = self.primary()
         if primary.info("replication").get("role") != "master":
