@@ -606,7 +606,7 @@ def leftovers(spec: Spec, servers: dict[str, Any]) -> Iterator[tuple[str, str]]:
             client = reader.client
             for raw in client.scan_iter("locks:*"):
                 name = raw.decode()
-                if not name.endswith((":fence", ":waiting")):  # those two expire
+                if not name.endswith((":fence", ":waiters")):  # those two expire
                     yield "redis key", f"{url}: {name} (pttl {client.pttl(name)})"
                 elif client.pttl(name) < 0:
                     yield "redis key without ttl", f"{url}: {name}"

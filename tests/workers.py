@@ -7,6 +7,7 @@ import time
 from multiprocessing.queues import Queue
 from multiprocessing.synchronize import Event as EventType
 from pathlib import Path
+from typing import NoReturn
 
 from locks import Breaker, FallbackChain, LockNotOwned
 from locks.backends import (
@@ -120,3 +121,25 @@ def safe_chain_acquire(redis_url: str, zk_hosts: str, key: str, max_lease: float
         chain.close()
         for tier in chain.tiers.values():
             tier.close()
+
+
+def cycle_until(kind: str, address: str, key: str, start: float, until: float) -> int:
+    """Acquire and release `key` from `start` to `until` (wall clock, which the processes
+    share), holding it a millisecond each time; returns how many grants it got."""
+    provider = make_provider(kind, address)
+    try:
+        provider.release(provider.acquire(key, ttl=30, wait=30) or _timed_out(key))  # warm
+        time.sleep(max(0.0, start - time.time()))
+        grants = 0
+        while time.time() < until:
+            lease = provider.acquire(key, ttl=30, wait=30) or _timed_out(key)
+            time.sleep(0.001)
+            provider.release(lease)
+            grants += 1
+        return grants
+    finally:
+        provider.close()
+
+
+def _timed_out(key: str) -> NoReturn:
+    raise AssertionError(f"{key!r}: waited 30 s")

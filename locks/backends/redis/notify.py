@@ -1,20 +1,29 @@
-"""Wake-ups for threads waiting on Redis locks: one pub/sub connection per provider.
+"""Wake-ups for threads waiting on Redis locks: one pub/sub channel per provider.
 
-A connection per waiting thread would exhaust redis-py's pool (100 by default), so
-one subscriber thread owns a single `PubSub` and fans release messages out to the
-waiters of each channel, waking the longest-waiting one per message. A waiter that
-leaves with a wake-up it did not use passes it on. A channel nobody waits on stays
-subscribed for a while (`linger`) before the subscriber thread drops it, so a busy
-key is not resubscribed on every wait and no caller pays for an UNSUBSCRIBE.
+Each provider listens on a channel of its own, on a single `PubSub` read by one thread
+(a connection per waiting thread would exhaust redis-py's pool, 100 by default). A try
+that will wait puts the channel into the lock's `waiters` set; a release wakes the two
+processes with the lowest scores there (`locks.backends.redis.scripts`) by publishing
+the lock's key on their channels, so a release reaches a bounded few processes, never
+every one that waits. The subscriber thread then runs the next attempt of the
+longest-sleeping waiter on that key itself; a waiter that leaves with a wake-up it did
+not use passes it on to its process's next waiter. A release by a thread of this
+process wakes its own waiters directly (`wake_local`), without the server.
 
-A broken subscriber connection is replaced by a new `PubSub` that subscribes every
-channel again: on a Sentinel primary the new one reaches the promoted server; on a
-Cluster (whose classic pub/sub is broadcast to every node, so one connection to any
-node hears every release) it reaches a node that still answers.
+A wake-up that finds no waiter (it came between a try that marked the set and its
+waiter being counted here, or its waiters have left) is kept for a moment: a waiter
+counted meanwhile takes it and tries at once; else it is passed on to the next process
+(`pass_on`), so a process that gave up cannot swallow the wake-up of those still waiting.
+
+A broken subscriber connection is replaced by a new `PubSub` that subscribes again, and
+every waiter tries again (marking the set anew): on a Sentinel primary the new one
+reaches the promoted server; on a Cluster (whose classic pub/sub is broadcast to every
+node, so one connection to any node hears every release) it reaches a node that still
+answers.
 
 Messages can still be lost (a reconnect, a failover, a crash between release and
-publish): callers bound every wait by the lock's PTTL, so a lost message costs time,
-never correctness.
+publish, two woken processes that both died): callers bound every wait by the lock's
+PTTL, so a lost message costs time, never correctness.
 """
 
 from __future__ import annotations
@@ -24,6 +33,7 @@ import logging
 import os
 import threading
 import time
+import uuid
 from collections import deque
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -47,7 +57,10 @@ class _NoResult(Enum):
 
 NO_RESULT = _NoResult.NO_RESULT
 
-_BUSY, _SLEEPING, _CLAIMED = range(3)
+_BUSY, _SLEEPING, _WOKEN, _CLAIMED = range(4)
+_READ_EVERY = 1.0  # s: how often the subscriber thread looks up when nothing arrives
+_CLAIM_FOR = 0.05  # s a wake-up finding no waiter waits for one before it is passed on
+_KEEP_FOR = 1.0  # s a passed-on wake-up still lets a newly counted waiter try at once
 
 
 class _Failure:
@@ -66,7 +79,9 @@ class Waiter(Generic[T]):
     itself the moment a release arrives: the attempt then reaches Redis before the
     sleeping thread could even be scheduled, which is most of a hand-off's latency.
     Its state changes under the notifier's lock: BUSY (its own thread is running),
-    SLEEPING, CLAIMED (an attempt is under way on its behalf; the result follows).
+    SLEEPING, WOKEN (its own thread is told to try, so nobody may claim it: an attempt
+    claimed now could win a grant after the thread had moved on, and the grant would be
+    lost), CLAIMED (an attempt is under way on its behalf; the result follows).
     """
 
     __slots__ = ("_attempt", "_lock", "_pending", "_result", "_state", "_woken")
@@ -107,13 +122,16 @@ class Waiter(Generic[T]):
         if self._state != _CLAIMED:
             self._result = _Failure(error)
             self._pending = False
+            if self._state == _SLEEPING:
+                self._state = _WOKEN
             self._woken.set()
 
     def _wake(self) -> None:
         """Wake without an attempt (under the notifier's lock)."""
         if self._state == _SLEEPING:
+            self._state = _WOKEN
             self._woken.set()
-        else:
+        elif self._state != _WOKEN:
             self._pending = True
 
 
@@ -123,104 +141,102 @@ class ReleaseNotifier:
         client: Callable[[], Client],
         translate: Callable[[Exception], LockError],
         confirm_timeout: float,
-        linger: float = 1.0,
+        prefix: str,
+        pass_on: Callable[[str], None],
     ) -> None:
+        """`prefix`: the channel's (an ACL grants the provider its prefix's channels);
+        `pass_on(lock_key)`: wake the next process waiting on `lock_key` instead."""
         self._client = client  # built on first use
         self._translate = translate  # a driver's error as ours
         self._confirm_timeout = confirm_timeout
-        self._linger = linger
+        self._prefix = prefix
+        self._pass_on = pass_on
         self._reset()
 
     def _reset(self) -> None:
         self._pid = os.getpid()
+        self.channel = f"{self._prefix}:wake:{uuid.uuid4().hex}"  # a forked child's own
         self._lock = threading.Lock()
         self._waiters: dict[str, deque[Waiter[Any]]] = {}
-        self._subscribed: dict[str, threading.Event] = {}
-        self._idle_since: dict[str, float] = {}  # subscribed channels nobody waits on
+        # wake-ups that found no waiter: lock key -> (when, passed on yet)
+        self._unclaimed: dict[str, tuple[float, bool]] = {}
+        self._subscribed = threading.Event()  # the server confirmed the subscription
         self._pubsub: PubSub | None = None
         self._closed = False
 
+    @property
+    def listening(self) -> bool:
+        """Whether a try that marks the set now will hear of the release: subscribed,
+        confirmed, in this very process. Without I/O."""
+        return self._subscribed.is_set() and self._pid == os.getpid()
+
     @contextmanager
     def waiting(
-        self, channel: str, deadline: float | None, attempt: Callable[[], T]
+        self, lock: str, deadline: float | None, attempt: Callable[[], T]
     ) -> Iterator[Waiter[T]]:
-        """Register a waiter on `channel` whose next try is `attempt`. On entry the
-        subscription is confirmed (or the confirmation took too long), so a release
-        published from then on reaches a waiter."""
+        """Count a waiter on the lock key `lock` whose next try is `attempt`. On entry
+        the subscription is confirmed (or the confirmation took too long), so a try
+        from then on that marks the set hears of the release."""
         waiter = Waiter(attempt, self._lock)
         try:
             with self._lock:
                 if self._pid != os.getpid():  # forked: the parent's subscriber is not ours
                     self._reset()
-                if channel not in self._subscribed:  # else subscribed, maybe idle, or resubscribing
-                    self._subscribe(channel)
-                self._idle_since.pop(channel, None)
-                queue = self._waiters.get(channel)
+                if self._pubsub is None:
+                    self._start()
+                if self._unclaimed.pop(lock, None) is not None:
+                    waiter._pending = True  # a wake-up came before this waiter counted
+                queue = self._waiters.get(lock)
                 if queue is None:
-                    queue = self._waiters[channel] = deque()
-                subscribed = self._subscribed[channel]
+                    queue = self._waiters[lock] = deque()
                 queue.append(waiter)
             bound = self._confirm_timeout
             if deadline is not None:
                 bound = max(0.0, min(bound, deadline - time.monotonic()))
-            subscribed.wait(bound)
+            self._subscribed.wait(bound)
             yield waiter
         finally:
-            self._leave(channel, waiter)
+            self._leave(lock, waiter)
 
-    def _subscribe(self, channel: str) -> None:
-        """Under self._lock, so subscribes and unsubscribes reach Redis in the order
-        decided. On failure nothing is recorded: the next waiter subscribes afresh."""
+    def _start(self) -> None:
+        """Under self._lock: a new subscriber to our channel, read by a thread of its
+        own. On failure nothing is recorded: the next waiter starts one afresh."""
+        self._subscribed.clear()
         try:
-            if self._pubsub is None:
-                self._start([*self._subscribed, channel])
-            else:
-                self._pubsub.subscribe(channel)
+            pubsub: PubSub = self._client().pubsub()  # type: ignore[no-untyped-call]
+            try:
+                pubsub.subscribe(self.channel)
+            except BaseException:
+                pubsub.close()
+                raise
         except (RedisError, RedisClusterException) as exc:
             raise self._translate(exc) from exc
-        self._subscribed[channel] = threading.Event()
-
-    def _start(self, channels: list[str]) -> None:
-        """Under self._lock: a new subscriber to `channels`, read by a thread of its own."""
-        pubsub: PubSub = self._client().pubsub()  # type: ignore[no-untyped-call]
-        try:
-            pubsub.subscribe(*channels)
-        except BaseException:
-            pubsub.close()
-            raise
         self._pubsub = pubsub
         threading.Thread(
             target=self._run, args=(pubsub,), name="locks-redis-notify", daemon=True
         ).start()
 
-    def _leave(self, channel: str, waiter: Waiter[Any]) -> None:
+    def _leave(self, lock: str, waiter: Waiter[Any]) -> None:
         with self._lock:
-            queue = self._waiters.get(channel)
+            queue = self._waiters.get(lock)
             if queue is None or waiter not in queue:
                 return
             queue.remove(waiter)
             if waiter._pending and queue:  # a wake-up it did not use goes to the next
                 queue[0]._wake()
             if not queue:
-                del self._waiters[channel]
-                self._idle_since[channel] = time.monotonic()
+                del self._waiters[lock]
 
-    def _drop_idle_channels(self) -> None:
-        """Unsubscribe channels nobody has waited on for `linger` seconds."""
+    def wake_local(self, lock: str) -> None:
+        """A thread of this process released `lock`: its longest-sleeping waiter here
+        tries at once (on its own thread), as a waiter woken by the server would."""
+        if not self._waiters:  # nobody waits on anything: no lock taken on this path
+            return
         with self._lock:
-            if not self._idle_since or self._pubsub is None:
-                return
-            cutoff = time.monotonic() - self._linger
-            idle = [channel for channel, since in self._idle_since.items() if since <= cutoff]
-            if not idle:
-                return
-            for channel in idle:
-                del self._idle_since[channel]
-                del self._subscribed[channel]
-            try:
-                self._pubsub.unsubscribe(*idle)  # type: ignore[no-untyped-call]
-            except RedisError as exc:  # the reconnect will not resubscribe them either
-                logger.debug("unsubscribe from %d channels failed: %s", len(idle), exc)
+            queue = self._waiters.get(lock)
+            if queue:
+                target = next((w for w in queue if w._state == _SLEEPING), queue[0])
+                target._wake()
 
     def _run(self, pubsub: PubSub) -> None:
         while True:
@@ -228,7 +244,7 @@ class ReleaseNotifier:
                 if self._closed or pubsub is not self._pubsub:
                     return
             try:
-                message = pubsub.get_message(timeout=self._linger)
+                message = pubsub.get_message(timeout=_CLAIM_FOR if self._unclaimed else _READ_EVERY)
             except Exception as exc:  # redis-py raises odd things when closed under a read
                 with self._lock:
                     if self._closed or pubsub is not self._pubsub:
@@ -245,29 +261,23 @@ class ReleaseNotifier:
                 return
             if message is not None:
                 self._dispatch(message)
-            self._drop_idle_channels()
+            if self._unclaimed:
+                self._pass_unclaimed()
 
     def _dispatch(self, message: dict[str, Any]) -> None:
         kind = message["type"]
-        channel = message["channel"]
-        if isinstance(channel, bytes):
-            channel = channel.decode()
         if kind == "message":
-            self._released(channel)
-            return
-        with self._lock:
-            if kind == "subscribe":
-                if channel in self._subscribed:
-                    self._subscribed[channel].set()
-            elif kind == "unsubscribe" and channel in self._subscribed:
-                # a confirmation read before this belonged to the previous subscription
-                self._subscribed[channel].clear()
+            data = message["data"]
+            self._released(data.decode() if isinstance(data, bytes) else str(data))
+        elif kind == "subscribe":
+            self._subscribed.set()
 
-    def _released(self, channel: str) -> None:
-        """Run the next attempt of the longest-sleeping waiter on `channel`."""
+    def _released(self, lock: str) -> None:
+        """Run the next attempt of the longest-sleeping waiter on `lock`."""
         with self._lock:
-            queue = self._waiters.get(channel)
+            queue = self._waiters.get(lock)
             if not queue:
+                self._unclaimed[lock] = (time.monotonic(), False)
                 return
             target = next((w for w in queue if w._state == _SLEEPING), None)
             if target is None:  # all are trying already; the first tries once more
@@ -283,16 +293,35 @@ class ReleaseNotifier:
             target._result = result
             target._woken.set()
 
+    def _pass_unclaimed(self) -> None:
+        """Pass on the wake-ups nobody took within `_CLAIM_FOR`; forget them, passed on,
+        after `_KEEP_FOR` (a waiter counted until then still tries at once)."""
+        now = time.monotonic()
+        due = []
+        with self._lock:
+            for lock, (since, passed) in list(self._unclaimed.items()):
+                if now - since >= _KEEP_FOR:
+                    del self._unclaimed[lock]
+                elif not passed and now - since >= _CLAIM_FOR:
+                    self._unclaimed[lock] = (since, True)
+                    due.append(lock)
+        for lock in due:
+            try:
+                self._pass_on(lock)
+            except Exception as exc:  # the server is gone, or the provider closing: the
+                # waiters find out by themselves; this thread must live on
+                logger.debug("passing a wake-up on for %s failed: %s", lock, exc)
+
     def _resubscribe(self) -> None:
-        """A new subscriber for every channel, tried every 0.1 s until a server answers
-        (unless a waiter started one first, or nobody waits any more)."""
+        """A new subscriber, tried every 0.1 s until a server answers (unless a waiter
+        started one first, or nobody waits any more)."""
         while True:
             time.sleep(0.1)
             with self._lock:
-                if self._closed or self._pubsub is not None or not self._subscribed:
+                if self._closed or self._pubsub is not None or not self._waiters:
                     return
                 try:
-                    self._start(list(self._subscribed))
+                    self._start()
                 except Exception as exc:  # still no server
                     logger.debug("redis release notifications: resubscribe failed: %s", exc)
                     continue
@@ -308,18 +337,17 @@ class ReleaseNotifier:
         error.__cause__ = exc
         with self._lock:
             self._subscribed.clear()
-            self._idle_since.clear()
             for queue in self._waiters.values():
                 for waiter in queue:
                     waiter._fail(error)
         return True
 
     def _connection_broke(self, exc: BaseException) -> None:
-        """Wake every waiter: each retries now and either wins or reports the outage."""
+        """Wake every waiter: each retries now (marking the set again) and either wins
+        or reports the outage."""
         logger.debug("redis release notifications interrupted: %s", exc)
         with self._lock:
-            for event in self._subscribed.values():
-                event.clear()
+            self._subscribed.clear()
             for queue in self._waiters.values():
                 for waiter in queue:
                     waiter._wake()

@@ -56,8 +56,7 @@ class _Keys:
     name: str  # the lock's name, as the caller gave it
     lock: str
     fence: str
-    channel: str
-    waiting: str  # marked while someone waits: a release publishes only then (scripts.py)
+    waiters: str  # the channels of processes waiting, for the release to wake (scripts.py)
 
 
 class _NotReplicated(Exception):
@@ -135,7 +134,7 @@ class _RedisProviderBase(ProviderBase):
         )  # fmt: skip
         self.address = self.topology.address
         self._notifier = ReleaseNotifier(
-            self.topology.client, self._error, confirm_timeout=timeouts.socket
+            self.topology.client, self._error, timeouts.socket, prefix, self._pass_on
         )
         self._acquire_script = Script(self.acquire_lua)
         self._release_script = Script(self.release_lua)
@@ -143,6 +142,7 @@ class _RedisProviderBase(ProviderBase):
         self._holder_script = Script(scripts.READ_HOLDER)
         self._break_script = Script(scripts.BREAK)
         self._raise_fence_script = Script(scripts.RAISE_FENCE)
+        self._pass_on_script = Script(scripts.PASS_ON)
         self._answering = False  # the last acquire had an answer: see `splits`
 
     @property
@@ -155,11 +155,11 @@ class _RedisProviderBase(ProviderBase):
 
     @abstractmethod
     def _acquire_args(
-        self, keys: _Keys, owner: str, token: str, ttl_ms: int, wait_ms: int
+        self, owner: str, token: str, ttl_ms: int, wait_ms: int, channel: str
     ) -> list[Any]:
         """ARGV of this algorithm's acquire script; `wait_ms`: how long a failed try may
-        still wait (-1 for ever, 0 not at all), for which it marks the lock so that the
-        release wakes it."""
+        still wait (-1 for ever, 0 not at all), for which it puts `channel` (none: '')
+        into the lock's waiters, so that a release wakes it."""
 
     @abstractmethod
     def _value(self, owner: str, token: str) -> str:
@@ -224,15 +224,20 @@ class _RedisProviderBase(ProviderBase):
     ) -> Grant | None:
         keys = self._keys(key)
         ttl_ms = _ms(ttl)
-        outcome = self._try(keys, owner, token, ttl_ms, deadline)
+        notifier = self._notifier
+        # listening already: this first try's mark is heard, so a failed one need not
+        # be repeated once the waiter is counted (a wake-up in between is kept for it)
+        marked = notifier.listening
+        outcome = self._try(keys, owner, token, ttl_ms, deadline, mark=marked)
         if not isinstance(outcome, int):
             return outcome
 
         def attempt() -> Grant | int | None:
-            return self._try(keys, owner, token, ttl_ms, deadline)
+            return self._try(keys, owner, token, ttl_ms, deadline, mark=True)
 
-        with self._notifier.waiting(keys.channel, deadline, attempt) as waiter:
-            outcome = attempt()
+        with notifier.waiting(keys.lock, deadline, attempt) as waiter:
+            if not marked:
+                outcome = attempt()
             while isinstance(outcome, int):
                 # a lost wake-up costs at most the holder's remaining ttl
                 pause = outcome / 1000 if outcome > 0 else 0.01
@@ -243,12 +248,21 @@ class _RedisProviderBase(ProviderBase):
             return outcome
 
     def _try(
-        self, keys: _Keys, owner: str, token: str, ttl_ms: int, deadline: float | None
+        self,
+        keys: _Keys,
+        owner: str,
+        token: str,
+        ttl_ms: int,
+        deadline: float | None,
+        *,
+        mark: bool,
     ) -> Grant | int | None:
-        """A Grant, None (give up), or the ms to wait before the next try."""
+        """A Grant, None (give up), or the ms to wait before the next try. `mark`: a
+        failed try counts this provider's channel among the lock's waiters."""
         sent_at = time.monotonic()
         wait_ms = -1 if deadline is None else max(0, math.ceil((deadline - sent_at) * 1000))
-        args = self._acquire_args(keys, owner, token, ttl_ms, wait_ms)
+        channel = self._notifier.channel if mark else ""
+        args = self._acquire_args(owner, token, ttl_ms, wait_ms, channel)
         try:
             reply, acks = self._call(self._acquire_script, [keys.lock, keys.fence], args)
         except (*self.driver_errors, *self.unavailable_errors) as exc:
@@ -277,7 +291,7 @@ class _RedisProviderBase(ProviderBase):
         the same connection) nor on a cluster."""
         keys = self._keys(key)
         sent_at = time.monotonic()
-        args = self._acquire_args(keys, owner, token, _ms(ttl), 0)
+        args = self._acquire_args(owner, token, _ms(ttl), 0, "")
         read = self._send(self._acquire_script, [keys.lock, keys.fence], args, key, token)
         if read is None:
             return None
@@ -291,11 +305,18 @@ class _RedisProviderBase(ProviderBase):
 
     def _start_release(self, lease: Lease) -> Callable[[], bool]:
         keys = self._keys(lease.key)
-        args = [self._value(lease.owner, lease.token), keys.channel]
+        args = [self._value(lease.owner, lease.token)]
         read = self._send(self._release_script, [keys.lock], args, lease.key)
         if read is None:
             return super()._start_release(lease)
-        return lambda: bool(read() == 1)
+
+        def released() -> bool:
+            if read() != 1:
+                return False
+            self._notifier.wake_local(keys.lock)
+            return True
+
+        return released
 
     def splits(self) -> bool:
         """On one server or behind Sentinel, without `sync_replicas` (a WAIT must follow
@@ -372,7 +393,7 @@ class _RedisProviderBase(ProviderBase):
         if self._sync.enough(acks):
             return
         try:
-            script_args = [self._value(owner, token), keys.channel]
+            script_args = [self._value(owner, token)]
             self._release_script(self.topology.client(), [keys.lock], script_args)
         except (*self.driver_errors, *self.unavailable_errors) as exc:
             raise self._error(exc, ambiguous=True, key=keys.name, token=token) from exc
@@ -386,8 +407,15 @@ class _RedisProviderBase(ProviderBase):
 
     def _release(self, lease: Lease) -> bool:
         keys = self._keys(lease.key)
-        args = [self._value(lease.owner, lease.token), keys.channel]
-        return bool(self._script(self._release_script, [keys.lock], args) == 1)
+        args = [self._value(lease.owner, lease.token)]
+        if self._script(self._release_script, [keys.lock], args) != 1:
+            return False
+        self._notifier.wake_local(keys.lock)
+        return True
+
+    def _pass_on(self, lock: str) -> None:
+        """A wake-up this process had no use for goes to the next waiting process."""
+        self._script(self._pass_on_script, [lock], [])
 
     def _extend(self, lease: Lease, ttl: float) -> bool:
         """With `sync_replicas`, a renewal the replicas did not acknowledge failed: the
@@ -431,8 +459,9 @@ class _RedisProviderBase(ProviderBase):
         promoted replica would still hold the broken grant."""
         keys = self._keys(key)
         with self._translated():
-            reply, acks = self._call(self._break_script, [keys.lock, keys.fence], [keys.channel])
+            reply, acks = self._call(self._break_script, [keys.lock, keys.fence], [])
             self._require_replicas(acks, "break")
+        self._notifier.wake_local(keys.lock)
         return self._read_holder(key, reply)
 
     def _read_holder(self, key: str, reply: Any) -> Holder | None:
@@ -483,9 +512,9 @@ class RedisProvider(_RedisProviderBase):
     extend_lua = scripts.PLAIN_EXTEND
 
     def _acquire_args(
-        self, keys: _Keys, owner: str, token: str, ttl_ms: int, wait_ms: int
+        self, owner: str, token: str, ttl_ms: int, wait_ms: int, channel: str
     ) -> list[Any]:
-        return [self._value(owner, token), ttl_ms, self.fence_ttl_ms, wait_ms]
+        return [self._value(owner, token), ttl_ms, self.fence_ttl_ms, wait_ms, channel]
 
     def _value(self, owner: str, token: str) -> str:
         """The owner first, so the acquire script can tell the holder's own second
@@ -518,9 +547,9 @@ class RedisHashProvider(_RedisProviderBase):
     extend_lua = scripts.HASH_EXTEND
 
     def _acquire_args(
-        self, keys: _Keys, owner: str, token: str, ttl_ms: int, wait_ms: int
+        self, owner: str, token: str, ttl_ms: int, wait_ms: int, channel: str
     ) -> list[Any]:
-        return [token, ttl_ms, self.fence_ttl_ms, owner, wait_ms]
+        return [token, ttl_ms, self.fence_ttl_ms, owner, wait_ms, channel]
 
     def _value(self, owner: str, token: str) -> str:
         return token
@@ -571,10 +600,9 @@ def _seconds(pttl: Any) -> float | None:
 
 @functools.lru_cache(maxsize=4096)
 def _keys(prefix: str, key: str) -> _Keys:
-    """The lock key, fence key, waiting mark and release channel of `key`, sharing one
-    hash tag."""
+    """The lock key, fence key and waiters' set of `key`, sharing one hash tag."""
     base = f"{prefix}:{{{redis_hash_tag(key)}}}"
-    return _Keys(key, base, base + ":fence", base + ":released", base + ":waiting")
+    return _Keys(key, base, base + ":fence", base + ":waiters")
 
 
 def _ms(seconds: float) -> int:

@@ -12,16 +12,21 @@ path (a bare integer):
 The two lock types exclude each other on one name: each reads the other's key as held
 (never a WRONGTYPE error), and both draw fences from the same counter.
 
-A release publishes only when someone waits: an acquire that finds the lock held and
-will wait for it (the last ARGV: how many ms it may still wait, -1 for ever, 0 not at
-all) marks the lock's `waiting` key, which lives until after that waiter's next try of
-its own (the shorter of the holder's PTTL and its wait, plus a second; a longer mark is
-never shortened). A release finding no mark wakes nobody, since nobody
-sleeps: a waiter that fails again marks again before it sleeps. The mark is not cleared
-by a release, so the other waiters of a process that won keep their wake-ups. The mark
-(`<lock key>:waiting`) is not among a script's KEYS: it shares the lock's hash tag, so
-it lives on the lock's node, and usually it does not exist — declared, it would turn
-every call during a Cluster slot migration into TRYAGAIN (some keys moved, some not).
+Waking waiters (`locks.backends.redis.notify`): each provider listens on a channel of its
+own. An acquire that finds the lock held and will wait (the last two ARGV: how many ms
+it may still wait, -1 for ever, 0 not at all; and the caller's channel, '' for none)
+adds its channel to the lock's `waiters` sorted set, scored by when it stops waiting:
+the shorter of the holder's PTTL and its wait, plus a second (a later score is never
+lowered), since by then it tries again by itself. A release (and an operator's break)
+drops the scores that have passed and pops the two lowest, publishing the lock's key on
+each channel: it wakes a bounded few processes, never the herd, and two, so that one
+that died since it marked cannot take the only wake-up with it. A release finding no
+set publishes nothing. A grant removes the caller's channel (its process's other
+waiters are woken from within the process). A process woken with nobody left to wake
+passes the wake-up on (`PASS_ON`). The set (`<lock key>:waiters`) is not among a
+script's KEYS: it shares the lock's hash tag, so it lives on the lock's node, and
+usually it does not exist — declared, it would turn every call during a Cluster slot
+migration into TRYAGAIN (some keys moved, some not).
 
 Fence rule (shared by both acquire scripts): each lock has a counter key. A grant
 increments it; when the increment finds no counter (first use, or the counter
@@ -50,22 +55,38 @@ if fence == 1 then
 end
 """
 
+# The server's clock in ms (Lua numbers are doubles: exact far beyond these values).
+_NOW_MS = """
+local clock = redis.call('TIME')
+local now_ms = tonumber(clock[1]) * 1000 + math.floor(tonumber(clock[2]) / 1000)
+"""
+
 # What both acquire scripts return when the key is held by someone else: -1 - pttl. A key
 # that vanished between two calls of a script cannot happen (a script sees one instant),
 # but a negative PTTL must never turn into a positive reply, which would read as a fence.
-# A caller that will wait (`waits` ms, -1 for ever) marks the lock until after its next
-# try of its own: it sleeps at most pttl (-1, no expiry: it polls) and at most its wait.
-_MARK = """
+# A caller that will wait (`waits` ms, -1 for ever) on channel `me` is counted in until
+# after its next try of its own: it sleeps at most pttl (-1, no expiry: it polls) and at
+# most its wait.
+_MARK = (
+    """
 local wait = tonumber(waits)
-if wait ~= 0 then
-  local mark, waiting = math.max(pttl, 0), KEYS[1] .. ':waiting'
+if wait ~= 0 and me ~= '' then
+  local mark, waiters = math.max(pttl, 0), KEYS[1] .. ':waiters'
   if wait > 0 and wait < mark then mark = wait end
   mark = mark + 1000
-  if redis.call('PTTL', waiting) < mark then
-    redis.call('SET', waiting, '1', 'PX', mark)
+"""
+    + _NOW_MS
+    + """
+  local score = redis.call('ZSCORE', waiters, me)
+  if not score or tonumber(score) < now_ms + mark then
+    redis.call('ZADD', waiters, now_ms + mark, me)
+  end
+  if redis.call('PTTL', waiters) < mark then
+    redis.call('PEXPIRE', waiters, mark)
   end
 end
 """
+)
 _HELD = (
     """
 local pttl = redis.call('PTTL', KEYS[1])
@@ -77,25 +98,47 @@ return -1 - pttl
 """
 )
 
-# Wakes the waiters of the lock KEYS[1] on channel ARGV[2], if its mark says any wait.
-_WAKE = """
-  if redis.call('EXISTS', KEYS[1] .. ':waiting') == 1 then
-    redis.call('PUBLISH', ARGV[2], '1')
-  end
+# A grant: the caller's process no longer waits through the set.
+_GRANTED = """
+if me ~= '' then redis.call('ZREM', KEYS[1] .. ':waiters', me) end
 """
 
+
+def _wake(count: int) -> str:
+    """Wakes up to `count` waiting processes of the lock KEYS[1] (see the module's
+    docstring): publishes the lock's key on the channels with the lowest live scores."""
+    return (
+        """
+local waiters = KEYS[1] .. ':waiters'
+if redis.call('EXISTS', waiters) == 1 then
+"""
+        + _NOW_MS
+        + f"""
+  redis.call('ZREMRANGEBYSCORE', waiters, '-inf', now_ms)
+  local woken = redis.call('ZPOPMIN', waiters, {count})
+  for i = 1, #woken, 2 do
+    redis.call('PUBLISH', woken[i], KEYS[1])
+  end
+end
+"""
+    )
+
+
+_WAKE = _wake(2)
+
 # KEYS: lock, fence.  ARGV: value (owner .. '/' .. token), ttl ms, fence ttl ms,
-# waits (ms a failed try may wait: -1 for ever, 0 not at all). Telling the holder's own
-# second acquire apart lets a caller that would wait forever for itself be refused
-# instead of deadlocked.
+# waits (ms a failed try may wait: -1 for ever, 0 not at all), the caller's channel.
+# Telling the holder's own second acquire apart lets a caller that would wait forever
+# for itself be refused instead of deadlocked.
 # `pcall`: a lock of the `redis-hash` type under the same name is a hash, which GET
 # cannot read; it simply excludes us.
 PLAIN_ACQUIRE = (
     """
-local waits = ARGV[4]
+local waits, me = ARGV[4], ARGV[5]
 if redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then
 """
     + _NEXT_FENCE
+    + _GRANTED
     + """
   return fence
 end
@@ -114,7 +157,7 @@ end
     + _HELD
 )
 
-# KEYS: lock.  ARGV: value, channel.  Returns 1 if released, 0 if not held under value.
+# KEYS: lock.  ARGV: value.  Returns 1 if released, 0 if not held under value.
 PLAIN_RELEASE = (
     """
 if redis.pcall('GET', KEYS[1]) == ARGV[1] then
@@ -142,10 +185,10 @@ return 0
 # owner is a grant its process lost track of (a lost reply, a release not yet
 # delivered): it is taken over as a new grant, with a new token and fence, so the old
 # token's late release can no longer touch it.
-# KEYS: lock, fence.  ARGV: token, ttl ms, fence ttl ms, owner, waits
+# KEYS: lock, fence.  ARGV: token, ttl ms, fence ttl ms, owner, waits, the caller's channel
 HASH_ACQUIRE = (
     """
-local waits = ARGV[5]
+local waits, me = ARGV[5], ARGV[6]
 if redis.call('EXISTS', KEYS[1]) == 1 and not (redis.call('TYPE', KEYS[1]).ok == 'hash'
     and redis.call('HEXISTS', KEYS[1], ARGV[4]) == 1) then
 """
@@ -154,6 +197,7 @@ if redis.call('EXISTS', KEYS[1]) == 1 and not (redis.call('TYPE', KEYS[1]).ok ==
 end
 """
     + _NEXT_FENCE
+    + _GRANTED
     + """
 redis.call('HSET', KEYS[1], ARGV[4], 1, '~token', ARGV[1], '~fence', string.format('%d', fence))
 redis.call('PEXPIRE', KEYS[1], ARGV[2])
@@ -161,7 +205,7 @@ return fence
 """
 )
 
-# KEYS: lock.  ARGV: token, channel.  Returns 1 if released, 0 if not held under token.
+# KEYS: lock.  ARGV: token.  Returns 1 if released, 0 if not held under token.
 HASH_RELEASE = (
     """
 if redis.pcall('HGET', KEYS[1], '~token') == ARGV[1] then
@@ -210,13 +254,28 @@ READ_HOLDER = _READ_HOLDER + "return holder\n"
 # An operator breaking a stuck lock: the holder (as READ_HOLDER), whose grant is deleted
 # and its waiters woken. The fence counter stays, so the next grant's fence is higher:
 # the broken holder's renewal, release and fenced writes all fail from now on.
-# KEYS: lock, fence.  ARGV: channel.
+# KEYS: lock, fence.
 BREAK = (
     _READ_HOLDER
     + """
 redis.call('DEL', KEYS[1])
-redis.call('PUBLISH', ARGV[1], '1')
+"""
+    + _WAKE
+    + """
 return holder
+"""
+)
+
+# A process woken with no waiter left to use it: the next process is woken instead, if
+# the lock is still free (else its holder's release wakes it).  KEYS: lock.
+PASS_ON = (
+    """
+if redis.call('EXISTS', KEYS[1]) == 0 then
+"""
+    + _wake(1)
+    + """
+end
+return 1
 """
 )
 
@@ -249,9 +308,9 @@ class Script:
 
 
 SCRIPTS = (PLAIN_ACQUIRE, PLAIN_RELEASE, PLAIN_EXTEND, HASH_ACQUIRE, HASH_RELEASE, HASH_EXTEND,
-           RAISE_FENCE, READ_HOLDER, BREAK)  # fmt: skip
+           RAISE_FENCE, READ_HOLDER, BREAK, PASS_ON)  # fmt: skip
 # what a provider sends itself: scripts by SHA (EVAL after NOSCRIPT), its ping, and the
-# subscriber's wake-up channels
+# subscriber's wake-up channel
 _DIRECT = ("evalsha", "eval", "ping", "subscribe", "unsubscribe")
 
 
