@@ -227,6 +227,10 @@ class ReleaseNotifier:
             if not queue:
                 del self._waiters[lock]
 
+    def waits_on(self, lock: str) -> bool:
+        """Whether a waiter of this process waits on `lock` (a hint, without the lock)."""
+        return bool(self._waiters) and lock in self._waiters
+
     def wake_local(self, lock: str) -> None:
         """A thread of this process released `lock`: its longest-sleeping waiter here
         tries at once (on its own thread), as a waiter woken by the server would."""

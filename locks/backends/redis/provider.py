@@ -303,9 +303,16 @@ class _RedisProviderBase(ProviderBase):
 
         return grant
 
+    def _release_args(self, keys: _Keys, lease: Lease) -> list[Any]:
+        """The release script's ARGV: with this provider's channel when it has waiters
+        of its own on the lock, which it wakes itself (`wake_local`)."""
+        notifier = self._notifier
+        local = notifier.channel if notifier.waits_on(keys.lock) else ""
+        return [self._value(lease.owner, lease.token), local]
+
     def _start_release(self, lease: Lease) -> Callable[[], bool]:
         keys = self._keys(lease.key)
-        args = [self._value(lease.owner, lease.token)]
+        args = self._release_args(keys, lease)
         read = self._send(self._release_script, [keys.lock], args, lease.key)
         if read is None:
             return super()._start_release(lease)
@@ -393,7 +400,7 @@ class _RedisProviderBase(ProviderBase):
         if self._sync.enough(acks):
             return
         try:
-            script_args = [self._value(owner, token)]
+            script_args = [self._value(owner, token), ""]
             self._release_script(self.topology.client(), [keys.lock], script_args)
         except (*self.driver_errors, *self.unavailable_errors) as exc:
             raise self._error(exc, ambiguous=True, key=keys.name, token=token) from exc
@@ -407,7 +414,7 @@ class _RedisProviderBase(ProviderBase):
 
     def _release(self, lease: Lease) -> bool:
         keys = self._keys(lease.key)
-        args = [self._value(lease.owner, lease.token)]
+        args = self._release_args(keys, lease)
         if self._script(self._release_script, [keys.lock], args) != 1:
             return False
         self._notifier.wake_local(keys.lock)

@@ -126,6 +126,16 @@ end
 
 _WAKE = _wake(2)
 
+# A release: the releasing process (ARGV[2], '' for none) wakes its own waiters itself,
+# so it leaves the set and the two woken are other processes (a waiter of its own that
+# then loses marks the set again).
+_RELEASE_WAKE = (
+    """
+  if ARGV[2] ~= '' then redis.call('ZREM', KEYS[1] .. ':waiters', ARGV[2]) end
+"""
+    + _WAKE
+)
+
 # KEYS: lock, fence.  ARGV: value (owner .. '/' .. token), ttl ms, fence ttl ms,
 # waits (ms a failed try may wait: -1 for ever, 0 not at all), the caller's channel.
 # Telling the holder's own second acquire apart lets a caller that would wait forever
@@ -157,13 +167,14 @@ end
     + _HELD
 )
 
-# KEYS: lock.  ARGV: value.  Returns 1 if released, 0 if not held under value.
+# KEYS: lock.  ARGV: value, the releaser's channel if it wakes waiters of its own ('').
+# Returns 1 if released, 0 if not held under value.
 PLAIN_RELEASE = (
     """
 if redis.pcall('GET', KEYS[1]) == ARGV[1] then
   redis.call('DEL', KEYS[1])
 """
-    + _WAKE
+    + _RELEASE_WAKE
     + """
   return 1
 end
@@ -205,13 +216,14 @@ return fence
 """
 )
 
-# KEYS: lock.  ARGV: token.  Returns 1 if released, 0 if not held under token.
+# KEYS: lock.  ARGV: token, the releaser's channel if it wakes waiters of its own ('').
+# Returns 1 if released, 0 if not held under token.
 HASH_RELEASE = (
     """
 if redis.pcall('HGET', KEYS[1], '~token') == ARGV[1] then
   redis.call('DEL', KEYS[1])
 """
-    + _WAKE
+    + _RELEASE_WAKE
     + """
   return 1
 end
