@@ -11,7 +11,7 @@ import functools
 import ssl
 import time
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Hashable, Iterator
+from collections.abc import Callable, Hashable, Iterator, Sequence
 from contextlib import contextmanager
 from typing import ClassVar, NamedTuple, ParamSpec, TypeVar
 
@@ -32,7 +32,7 @@ from locks.provider import (
     hold_of,
 )
 from locks.tls import tls_refused
-from locks.watchdog import Watchdog, mark_lost
+from locks.watchdog import Renewable, Watchdog, mark_lost
 
 P = ParamSpec("P")
 R = TypeVar("R")
@@ -63,6 +63,71 @@ class _Attempt(NamedTuple):
     domain: Hashable | None  # where its holds are found again (None: not reentrant)
 
 
+@dataclasses.dataclass(eq=False)
+class _Renewal:
+    """One hold's renewal, looked at and settled under the hold's lock, acted on after."""
+
+    hold: Hold
+    now: float
+    levels: list[Lease]
+    auto: list[Lease] = dataclasses.field(default_factory=list)
+    overdue: list[Lease] = dataclasses.field(default_factory=list)
+    want: float = 0.0
+    target: float | None = None  # the ttl to extend the grant to; None: no extend
+    ended: str | None = None  # why the hold is lost
+    due: float | None = None  # the next renewal
+    finished: bool = False  # nothing more to do (the hold was over already)
+
+    @staticmethod
+    def look(hold: Hold) -> _Renewal:
+        """What the renewal must do, decided under the hold's lock."""
+        now = time.monotonic()
+        levels = hold.levels
+        renewal = _Renewal(hold, now, levels)
+        if hold.ending or hold.over:
+            renewal.finished = True
+            renewal.levels = []
+            return renewal
+        renewed = [level for level in levels if level.auto_renew]
+        renewal.auto = [level for level in renewed if level.state.live(now)]
+        # levels whose validity ran out before they could be renewed (the process was
+        # frozen, or this thread starved): lost, and told so, never quietly dropped
+        renewal.overdue = [lv for lv in renewed if not (lv.state.lost or lv.state.ended)
+                           and lv.state.expired(now)]  # fmt: skip
+        if hold.limit is not None and now >= hold.limit:
+            renewal.ended = "it reached the bound its chain set (safe mode)"
+        elif not renewal.auto:
+            renewal.due = hold.limit  # a bounded hold is visited once more, at its bound
+        else:
+            renewal.want = max(level.ttl for level in renewal.auto)
+            renewal.target = hold.target(now, renewal.want)
+        return renewal
+
+    def answered(self, held: bool | None) -> None:
+        """The extend's outcome: extended, gone, or unknown (an error)."""
+        hold, now, want, auto = self.hold, self.now, self.want, self.auto
+        assert self.target is not None
+        if held:
+            hold.valid_until = now + self.target
+            for level in auto:
+                level.state.renewed(min(now + level.ttl, now + self.target))
+            self.due = now + want / 3 if hold.limit is None else min(now + want / 3, hold.limit)
+        elif held is None:  # it cannot say: try again until the validity runs out
+            later = time.monotonic()
+            self.overdue += [lv for lv in auto if lv.state.expired(later)]
+            alive = [lv.state.valid_until for lv in auto if not lv.state.expired(later)]
+            if alive:
+                retry = min(max(want / 30, 0.05), _RETRY_CAP)
+                self.due = min(later + retry, *[until for until in alive if until])
+        else:
+            self.ended = "the backend no longer holds it"
+
+    def settle(self) -> None:
+        """Still under the lock: a hold with no next renewal is no longer watched."""
+        if self.finished or self.due is None:
+            self.hold.watched = False
+
+
 class ProviderBase(MakesLocks, ABC):
     type_name: ClassVar[str]  # the backend type, as config names it
     capabilities: ClassVar[Capabilities]
@@ -78,7 +143,7 @@ class ProviderBase(MakesLocks, ABC):
     def __init__(self, name: str, watchdog_ttl: float = 30.0) -> None:
         self.name = check_name(name, "name")
         self.watchdog_ttl = check_seconds(watchdog_ttl, "watchdog_ttl")
-        self._watchdog = Watchdog(f"locks-renew-{self.name}")
+        self._watchdog = Watchdog(f"locks-renew-{self.name}", self._renew_holds)
         self._closed = False
         self._domain_key: Hashable | None = None  # `_domain()`, once the backend is set up
 
@@ -477,63 +542,74 @@ class ProviderBase(MakesLocks, ABC):
             owner._watchdog.watch(hold, now + ttl / 3)
         return lease
 
-    def _renew_hold(self, hold: Hold) -> float | None:
-        """The watchdog's call: extend the grant so it covers every live level; the time
-        of the next renewal, or None when there is nothing left to renew."""
-        ended: str | None = None
-        due: float | None = None
-        with hold.lock:
-            now = time.monotonic()
-            if hold.ending or hold.over:
-                hold.watched = False
-                return None
-            levels = hold.levels
-            renewed = [level for level in levels if level.auto_renew]
-            auto = [level for level in renewed if level.state.live(now)]
-            # levels whose validity ran out before they could be renewed (the process was
-            # frozen, or this thread starved): lost, and told so, never quietly dropped
-            overdue = [lv for lv in renewed if not (lv.state.lost or lv.state.ended)
-                       and lv.state.expired(now)]  # fmt: skip
-            if hold.limit is not None and now >= hold.limit:
-                ended = "it reached the bound its chain set (safe mode)"
-            elif not auto:
-                due = hold.limit  # a bounded hold is visited once more, at its bound
-            else:
-                want = max(level.ttl for level in auto)
-                target = hold.target(now, want)
-                try:
-                    held = self._reporting(hold.key, self._extend, hold.anchor, target)
-                except LockError:
-                    held = None
-                if held:
-                    hold.valid_until = now + target
-                    for level in auto:
-                        level.state.renewed(min(now + level.ttl, now + target))
-                    due = now + want / 3 if hold.limit is None else min(now + want / 3, hold.limit)
-                elif held is None:  # it cannot say: try again until the validity runs out
-                    later = time.monotonic()
-                    overdue += [lv for lv in auto if lv.state.expired(later)]
-                    alive = [lv.state.valid_until for lv in auto if not lv.state.expired(later)]
-                    if alive:
-                        retry = min(max(want / 30, 0.05), _RETRY_CAP)
-                        due = min(later + retry, *[until for until in alive if until])
-                else:
-                    ended = "the backend no longer holds it"
-            if due is None:
-                hold.watched = False
-        if ended is None and not levels:  # every holder dropped its lease unreleased:
-            self._forget(hold)  # the server lets it expire; nobody here can use it again
+    def _renew_holds(self, items: Sequence[Renewable]) -> list[float | None]:
+        """The watchdog's call for the holds due together (it watches only holds): each
+        grant extended so it covers every live level, all the extends sent at once
+        (`_extend_many`: one pipeline where the backend has one); for each, the time
+        of its next renewal, or None when there is nothing left to renew.
+
+        Each hold's lock is held from the first look to the outcome: a release or a new
+        level slipping in between would make a refused extend read as a loss. A hold
+        whose lock another thread has (adding a level, with an extend of its own) is
+        renewed alone, after the rest, waiting for its lock."""
+        holds_due = [item for item in items if isinstance(item, Hold)]
+        assert len(holds_due) == len(items), "a provider's watchdog watches holds only"
+        dues: dict[int, float | None] = {}
+        busy: list[Hold] = []
+        with contextlib.ExitStack() as locks:
+            renewals = []
+            for hold in holds_due:
+                if len(holds_due) > 1 and not hold.lock.acquire(blocking=False):
+                    busy.append(hold)
+                    continue
+                if len(holds_due) == 1:
+                    hold.lock.acquire()
+                locks.callback(hold.lock.release)
+                renewals.append(_Renewal.look(hold))
+            asked = [renewal for renewal in renewals if renewal.target is not None]
+            outcomes = self._extend_many([(r.hold.anchor, r.target or 0.0) for r in asked])
+            for renewal, held in zip(asked, outcomes, strict=True):
+                renewal.answered(held)
+            for renewal in renewals:
+                renewal.settle()
+        for renewal in renewals:  # outside the locks: callbacks, events, releases
+            dues[id(renewal.hold)] = self._renewed(renewal)
+        for hold in busy:
+            dues[id(hold)] = self._renew_holds([hold])[0]
+        return [dues[id(hold)] for hold in holds_due]
+
+    def _extend_many(self, requests: Sequence[tuple[Lease, float]]) -> list[bool | None]:
+        """`_extend` of each (grant, ttl): True if extended, False if the grant is gone,
+        None if the backend cannot say (an error, reported). One by one here; a backend
+        that can pipeline them sends them at once."""
+        outcomes: list[bool | None] = []
+        for lease, ttl in requests:
+            try:
+                outcomes.append(self._reporting(lease.key, self._extend, lease, ttl))
+            except LockError:
+                outcomes.append(None)
+        return outcomes
+
+    def _renewed(self, renewal: _Renewal) -> float | None:
+        """A renewal's outcome, acted on outside the hold's lock."""
+        hold = renewal.hold
+        if renewal.finished:  # released or lost meanwhile: nothing left to renew
             return None
-        if ended is not None:
-            self._lose(hold, ended)
+        if renewal.ended is None and not renewal.levels:
+            # every holder dropped its lease unreleased: the server lets it expire, and
+            # nobody here can use it again
+            self._forget(hold)
+            return None
+        if renewal.ended is not None:
+            self._lose(hold, renewal.ended)
             if hold.limit is not None:  # a bounded grant is ended on the server too
                 # it is lost either way; a dead server frees it by itself
                 with contextlib.suppress(LockError):
                     self._reporting(hold.key, self._release, hold.anchor)
             return None
-        for level in overdue:
+        for level in renewal.overdue:
             mark_lost(level, "its validity ran out before it could be renewed")
-        return due
+        return renewal.due
 
     def _expire_hold(self, hold: Hold, now: float) -> float | None:
         """The reaper's call, while a renewal of this provider is stuck (no I/O, and not

@@ -170,7 +170,7 @@ class Hold:
     # the watchdog's protocol (`locks.watchdog.Renewable`)
 
     def renew(self) -> float | None:
-        return self.provider._renew_hold(self)
+        return self.provider._renew_holds([self])[0]
 
     def expire(self, now: float) -> float | None:
         return self.provider._expire_hold(self, now)

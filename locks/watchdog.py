@@ -18,6 +18,7 @@ import logging
 import math
 import threading
 import time
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -29,6 +30,8 @@ from locks.provider import Lease
 logger = logging.getLogger("locks")
 
 _LOOK_AGAIN = 1.0  # seconds: how soon an idle thread looks at new items unasked
+_BATCH = 500  # items due together renewed in one call of `renew_many`
+_GATHER = 0.02  # s: where they are, items due this soon are renewed with the one due now
 
 
 class Renewable(Protocol):
@@ -54,8 +57,15 @@ class Watchdog:
     whenever it wakes, and `unwatch` only flags the entry. The lock is taken only when a
     new entry is due before the thread's next look (`_wakes_at`)."""
 
-    def __init__(self, name: str = "locks-watchdog") -> None:
+    def __init__(
+        self,
+        name: str = "locks-watchdog",
+        renew_many: Callable[[Sequence[Renewable]], list[float | None]] | None = None,
+    ) -> None:
+        """`renew_many`: renews the items due together at once (a provider pipelines
+        their extends), in place of each item's `renew`; returns each one's next due."""
         self.name = name
+        self._renew_many = renew_many
         self._reset()
         start_afresh_when_forked(self)
 
@@ -70,7 +80,7 @@ class Watchdog:
         self._wakes_at = math.inf
         self._thread: threading.Thread | None = None
         self._closed = False
-        self.busy: _Entry | None = None  # the entry whose renewal is under way
+        self.busy: list[_Entry] = []  # the entries whose renewal is under way
 
     def after_fork_in_child(self) -> None:
         self._reset()  # the thread is gone, and the parent's items are not the child's
@@ -112,13 +122,14 @@ class Watchdog:
 
     def _run(self) -> None:
         while True:
-            entry = self._next_due()
-            if entry is None:
+            entries = self._next_due()
+            if not entries:
                 return
-            self._renew(entry)
+            self._renew(entries)
 
-    def _next_due(self) -> _Entry | None:
-        """Sleep until the earliest live entry is due, taking in arrivals on every wake."""
+    def _next_due(self) -> list[_Entry]:
+        """Sleep until the earliest live entry is due, taking in arrivals on every wake;
+        then every entry due by now (up to `_BATCH` where they are renewed together)."""
         with self._lock:
             busy = False  # entries arrived since the last sleep
             while not self._closed:
@@ -135,10 +146,9 @@ class Watchdog:
                         continue
                     delay = due - time.monotonic()
                     if delay <= 0:
-                        heapq.heappop(self._heap)
                         self._wakes_at = -math.inf
-                        self.busy = entry
-                        return entry
+                        self.busy = self._take_due(time.monotonic())
+                        return self.busy
                 elif busy:
                     # Items come and go faster than they fall due: look again in a while
                     # rather than sleep for good and be woken by the next `watch`.
@@ -148,33 +158,49 @@ class Watchdog:
                     self._cond.wait(delay)
                     busy = False
             self._thread = None
-            return None
+            return []
 
-    def _renew(self, entry: _Entry) -> None:
+    def _take_due(self, now: float) -> list[_Entry]:
+        """Under the lock: the live entries due by `now`, earliest first; where they are
+        renewed together, also those due within `_GATHER` (a little early, so that one
+        round trip serves many)."""
+        limit, until = (1, now) if self._renew_many is None else (_BATCH, now + _GATHER)
+        taken: list[_Entry] = []
+        while self._heap and len(taken) < limit and self._heap[0][0] <= until:
+            entry = heapq.heappop(self._heap)[2]
+            if not entry.cancelled:
+                taken.append(entry)
+        return taken
+
+    def _renew(self, entries: list[_Entry]) -> None:
         reaper.guard(self)
+        items = [entry.item for entry in entries]
         try:
-            due = entry.item.renew()
+            if self._renew_many is None:
+                dues = [item.renew() for item in items]
+            else:
+                dues = self._renew_many(items)
         except Exception:  # a bug in a backend must not end every lease's renewal
             logger.exception("renewal on %s failed", self.name)
-            due = None
+            dues = [None] * len(entries)
         finally:
             reaper.unguard(self)
         with self._lock:
-            self.busy = None
-            if entry.cancelled:
-                return
-            if due is None:
-                self._entries.pop(id(entry.item), None)
-                return
-            self._schedule(entry, due)
+            self.busy = []
+            for entry, due in zip(entries, dues, strict=True):
+                if entry.cancelled:
+                    continue
+                if due is None:
+                    self._entries.pop(id(entry.item), None)
+                    continue
+                self._schedule(entry, due)
 
     def expire(self, now: float) -> float | None:
         """For the reaper, while this watchdog's thread is stuck in a renewal: mark lost
         what ran out of validity; return when the next validity runs out."""
         with self._lock:
             entries = [entry for _, _, entry in self._heap if not entry.cancelled]
-            if self.busy is not None:
-                entries.append(self.busy)
+            entries += self.busy
         deadlines = [entry.item.expire(now) for entry in entries]
         return min((d for d in deadlines if d is not None), default=None)
 

@@ -632,3 +632,35 @@ def test_threads_taking_one_key_in_turns_never_lose_a_grant(
         thread.join(30)
     assert not timed_out, f"{len(timed_out)} waits timed out after {grants[0]} grants"
     assert grants[0] > 100
+
+
+@pytest.mark.parametrize("provider_class", PROVIDERS, ids=["redis", "redis-hash"])
+def test_leases_due_together_are_renewed_in_one_pipeline_and_a_lost_one_is_told(
+    provider_class: type[_RedisProviderBase], redis_server: RedisServer,
+    admin: redis.Redis, key: str,
+) -> None:  # fmt: skip
+    """300 auto-renewed leases of one provider fall due together: their extends go in
+    pipelines (the server reads a large pipeline in a few chunks: far fewer reads than
+    renewals, where one by one it reads each), every one stays held, and the one whose
+    key vanished is told it was lost, alone."""
+    provider = provider_class(redis_server.url, watchdog_ttl=0.9)  # renewed every 0.3 s
+    try:
+        lost: list[Lease] = []
+        leases = [provider.acquire(f"{key}:{i}", on_lost=lost.append) for i in range(300)]
+        assert all(lease is not None for lease in leases)
+        admin.delete(provider._keys(f"{key}:7").lock)  # gone behind its holder's back
+        before = admin.info("stats")["total_reads_processed"]
+        calls_before = admin.info("commandstats")["cmdstat_evalsha"]["calls"]
+        time.sleep(1.0)  # three rounds
+        reads = admin.info("stats")["total_reads_processed"] - before
+        renewals = admin.info("commandstats")["cmdstat_evalsha"]["calls"] - calls_before
+        assert renewals >= 2 * 299, f"only {renewals} renewals"
+        assert reads < renewals / 4, f"{reads} reads for {renewals} renewals"
+        assert [lease.key for lease in lost] == [f"{key}:7"]
+        for lease in leases:
+            assert lease is not None
+            if lease.key != f"{key}:7":
+                assert provider.is_held(lease)
+                provider.release(lease)
+    finally:
+        provider.close()

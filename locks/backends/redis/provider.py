@@ -435,6 +435,37 @@ class _RedisProviderBase(ProviderBase):
             self._require_replicas(acks, "renewal")
         return True
 
+    def _extend_many(self, requests: Sequence[tuple[Lease, float]]) -> list[bool | None]:
+        """The watchdog's extends in one pipeline: one round trip for hundreds of
+        renewals. One by one with `sync_replicas` (each renewal waits for its replicas)
+        and on a cluster (whose client splits a pipeline by node)."""
+        if len(requests) < 2 or self._sync is not None or self.topology.kind == "cluster":
+            return super()._extend_many(requests)
+        try:
+            replies = self._reporting(requests[0][0].key, self._extend_pipelined, requests)
+        except LockError:
+            return [None] * len(requests)
+        return [reply == 1 for reply in replies]
+
+    def _extend_pipelined(self, requests: Sequence[tuple[Lease, float]]) -> list[Any]:
+        script = self._extend_script
+        calls = [
+            ([self._keys(lease.key).lock], [self._value(lease.owner, lease.token), _ms(ttl)])
+            for lease, ttl in requests
+        ]
+        with self._translated():
+            client = self.topology.client()
+            pipe = client.pipeline(transaction=False)
+            for keys, args in calls:
+                script.queue(pipe, keys, args, by_sha=True)
+            replies = pipe.execute(raise_on_error=False)
+            for index, reply in enumerate(replies):
+                if isinstance(reply, errors.NoScriptError):  # EVAL, which caches it again
+                    replies[index] = script(client, *calls[index])
+                elif isinstance(reply, Exception):
+                    raise reply
+        return list(replies)
+
     def _require_replicas(self, acks: Any, what: str) -> None:
         """Raise unless the replicas acknowledged the write `acks` answers for."""
         if acks is not None and self._sync is not None and not self._sync.enough(acks):
