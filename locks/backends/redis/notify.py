@@ -7,8 +7,10 @@ processes with the lowest scores there (`locks.backends.redis.scripts`) by publi
 the lock's key on their channels, so a release reaches a bounded few processes, never
 every one that waits. The subscriber thread then runs the next attempt of the
 longest-sleeping waiter on that key itself; a waiter that leaves with a wake-up it did
-not use passes it on to its process's next waiter. A release by a thread of this
-process wakes its own waiters directly (`wake_local`), without the server.
+not use passes it on to its process's next waiter. A release by a process with waiters
+of its own on the lock wakes that process first, through its own channel (the
+subscriber's claimed attempt is the fastest hand-off); an operator's break here wakes
+them directly (`wake_local`).
 
 A wake-up that finds no waiter (it came between a try that marked the set and its
 waiter being counted here, or its waiters have left) is kept for a moment: a waiter

@@ -305,7 +305,7 @@ class _RedisProviderBase(ProviderBase):
 
     def _release_args(self, keys: _Keys, lease: Lease) -> list[Any]:
         """The release script's ARGV: with this provider's channel when it has waiters
-        of its own on the lock, which it wakes itself (`wake_local`)."""
+        of its own on the lock, so that the release wakes them first."""
         notifier = self._notifier
         local = notifier.channel if notifier.waits_on(keys.lock) else ""
         return [self._value(lease.owner, lease.token), local]
@@ -317,13 +317,7 @@ class _RedisProviderBase(ProviderBase):
         if read is None:
             return super()._start_release(lease)
 
-        def released() -> bool:
-            if read() != 1:
-                return False
-            self._notifier.wake_local(keys.lock)
-            return True
-
-        return released
+        return lambda: bool(read() == 1)
 
     def splits(self) -> bool:
         """On one server or behind Sentinel, without `sync_replicas` (a WAIT must follow
@@ -415,10 +409,7 @@ class _RedisProviderBase(ProviderBase):
     def _release(self, lease: Lease) -> bool:
         keys = self._keys(lease.key)
         args = self._release_args(keys, lease)
-        if self._script(self._release_script, [keys.lock], args) != 1:
-            return False
-        self._notifier.wake_local(keys.lock)
-        return True
+        return bool(self._script(self._release_script, [keys.lock], args) == 1)
 
     def _pass_on(self, lock: str) -> None:
         """A wake-up this process had no use for goes to the next waiting process."""
