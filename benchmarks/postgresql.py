@@ -50,7 +50,7 @@ import threading
 import time
 import uuid
 import warnings
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from importlib import metadata
 from pathlib import Path
 from typing import Any
@@ -95,10 +95,12 @@ RATIOS = (
 WARM_UP = 0.5  # s of contention before the timed rounds: connections opened, pools grown
 
 
-def bare_psycopg(args: dict[str, Any]) -> Contender:
-    """The floor: an INSERT of the name into a one-column table of its own, a DELETE to
-    give it back, in autocommit, on one psycopg 3 connection per thread."""
-    local = threading.local()  # a connection serves one thread at a time
+def _per_thread(
+    args: dict[str, Any],
+) -> tuple[Callable[[], psycopg.Connection[Any]], Callable[[], None]]:
+    """A bare psycopg 3 connection per thread, in autocommit (one serves one thread at a
+    time), and a way to close them all."""
+    local = threading.local()
     opened: list[psycopg.Connection[Any]] = []
 
     def connection() -> psycopg.Connection[Any]:
@@ -109,6 +111,17 @@ def bare_psycopg(args: dict[str, Any]) -> Contender:
             opened.append(conn)
         return conn
 
+    def close() -> None:
+        for conn in opened:
+            conn.close()
+
+    return connection, close
+
+
+def bare_psycopg(args: dict[str, Any]) -> Contender:
+    """The floor: an INSERT of the name into a one-column table of its own, a DELETE to
+    give it back, in autocommit, on one psycopg 3 connection per thread."""
+    connection, close = _per_thread(args)
     connection().execute("CREATE TABLE IF NOT EXISTS bench_raw (name VARCHAR(255) PRIMARY KEY)")
 
     def acquire(key: str) -> Any:
@@ -123,10 +136,6 @@ def bare_psycopg(args: dict[str, Any]) -> Contender:
     def release(key: str) -> None:
         connection().execute("DELETE FROM bench_raw WHERE name = %s", (key,))
 
-    def close() -> None:
-        for conn in opened:
-            conn.close()
-
     return Contender(BARE, acquire, release, close)
 
 
@@ -138,17 +147,8 @@ def replay_ours(url: str, args: dict[str, Any]) -> Contender:
     made.create_table()
     take, free = made._take_sql, made._release_sql  # its very statements
     made.close()
-    local = threading.local()
-    opened: list[psycopg.Connection[Any]] = []
+    connection, close = _per_thread(args)
     owner = uuid.uuid4().hex
-
-    def connection() -> psycopg.Connection[Any]:
-        conn: psycopg.Connection[Any] | None = getattr(local, "conn", None)
-        if conn is None:
-            conn = psycopg.connect(**args, autocommit=True)
-            local.conn = conn
-            opened.append(conn)
-        return conn
 
     def acquire(key: str) -> Any:
         conn = connection()
@@ -169,10 +169,6 @@ def replay_ours(url: str, args: dict[str, Any]) -> Contender:
         key, fence = handle
         params = {"name": key, "owner": owner, "fence": fence}
         connection().execute(free.sql, params).fetchall()
-
-    def close() -> None:
-        for conn in opened:
-            conn.close()
 
     return Contender(REPLAY, acquire, release, close)
 
