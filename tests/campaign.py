@@ -23,6 +23,7 @@ import logging
 import multiprocessing
 import os
 import random
+import shutil
 import signal
 import sqlite3
 import tempfile
@@ -669,6 +670,9 @@ def main(argv: list[str] | None = None) -> int:
     }  # fmt: skip
     started: dict[str, Any] = {}
     try:
+        # an earlier run's servers (`make soak` reuses .soak) start afresh: their data
+        # would be this run's leftovers, and some refuse a directory that exists
+        shutil.rmtree(out / "servers", ignore_errors=True)
         for kind, cls in classes.items():
             (out / "servers" / kind).mkdir(parents=True, exist_ok=True)
             started[kind] = cls(out / "servers" / kind)
