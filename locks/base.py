@@ -558,12 +558,11 @@ class ProviderBase(MakesLocks, ABC):
         busy: list[Hold] = []
         with contextlib.ExitStack() as locks:
             renewals = []
+            alone = len(holds_due) == 1  # waits for its lock; in a batch, none does
             for hold in holds_due:
-                if len(holds_due) > 1 and not hold.lock.acquire(blocking=False):
+                if not hold.lock.acquire(blocking=alone):
                     busy.append(hold)
                     continue
-                if len(holds_due) == 1:
-                    hold.lock.acquire()
                 locks.callback(hold.lock.release)
                 renewals.append(_Renewal.look(hold))
             asked = [renewal for renewal in renewals if renewal.target is not None]

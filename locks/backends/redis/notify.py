@@ -234,8 +234,8 @@ class ReleaseNotifier:
         return bool(self._waiters) and lock in self._waiters
 
     def wake_local(self, lock: str) -> None:
-        """A thread of this process released `lock`: its longest-sleeping waiter here
-        tries at once (on its own thread), as a waiter woken by the server would."""
+        """`lock` was freed here without a release (an operator's break): its
+        longest-sleeping waiter here tries at once, on its own thread."""
         if not self._waiters:  # nobody waits on anything: no lock taken on this path
             return
         with self._lock:

@@ -316,7 +316,6 @@ class _RedisProviderBase(ProviderBase):
         read = self._send(self._release_script, [keys.lock], args, lease.key)
         if read is None:
             return super()._start_release(lease)
-
         return lambda: bool(read() == 1)
 
     def splits(self) -> bool:

@@ -21,12 +21,13 @@ lowered), since by then it tries again by itself. A release (and an operator's b
 drops the scores that have passed and pops the two lowest, publishing the lock's key on
 each channel: it wakes a bounded few processes, never the herd, and two, so that one
 that died since it marked cannot take the only wake-up with it. A release finding no
-set publishes nothing. A grant removes the caller's channel (its process's other
-waiters are woken from within the process). A process woken with nobody left to wake
-passes the wake-up on (`PASS_ON`). The set (`<lock key>:waiters`) is not among a
-script's KEYS: it shares the lock's hash tag, so it lives on the lock's node, and
-usually it does not exist — declared, it would turn every call during a Cluster slot
-migration into TRYAGAIN (some keys moved, some not).
+set publishes nothing. A grant removes the caller's channel; a release by a process
+with waiters of its own on the lock wakes that process first, through its channel, and
+one other. A process woken with nobody left to wake passes the wake-up on (`PASS_ON`).
+The set (`<lock key>:waiters`) is not among a script's KEYS: it shares the lock's hash
+tag, so it lives on the lock's node, and usually it does not exist — declared, it would
+turn every call during a Cluster slot migration into TRYAGAIN (some keys moved, some
+not).
 
 Fence rule (shared by both acquire scripts): each lock has a counter key. A grant
 increments it; when the increment finds no counter (first use, or the counter
