@@ -350,7 +350,7 @@ class ProviderBase(MakesLocks, ABC):
                 raise
             finally:
                 owner._forget(hold)
-            self._released(lease, expired, refused=not released)
+            self._released(lease, expired, refused=not released, retried=retry)
 
         return finish
 
@@ -359,16 +359,29 @@ class ProviderBase(MakesLocks, ABC):
         what reads its outcome (`_release`'s). By default all of it runs in that call."""
         return functools.partial(self._release, lease)
 
-    def _released(self, lease: Lease, expired: bool, *, refused: bool = False) -> None:
+    def _released(
+        self, lease: Lease, expired: bool, *, refused: bool = False, retried: bool = False
+    ) -> None:
+        """The outcome of `lease`'s release. A live lease whose first release found its
+        grant gone was lost before it (a server restarted or failed over, an operator
+        broke it): it is told as lost first, as a refused renewal is, so neither its
+        holder nor the metrics take it for a lease that simply ended."""
         if expired:
             raise LockNotOwned(
                 f"{lease.key!r} on {self.name!r}: this lease had expired before its release "
                 "(what its hold still held on the server, if anything, was released)"
             )
+        if refused and retried:  # the first try may have run: nothing to tell
+            raise LockNotOwned(
+                f"{lease.key!r} on {self.name!r}: nothing is held under this lease now "
+                "(the release that failed before may have run, or the grant was lost)"
+            )
         if refused:
+            mark_lost(lease, "the backend no longer held it when it was released",
+                      releasing=True)  # fmt: skip
             raise LockNotOwned(
                 f"{lease.key!r} on {self.name!r} was no longer held by this lease "
-                "(it expired or was taken over); nothing was released"
+                "(it was lost before its release); nothing was released"
             )
         duration = time.monotonic() - lease.acquired_at
         emit(EventKind.RELEASED, self.name, lease.key, lease, duration=duration)
@@ -415,7 +428,11 @@ class ProviderBase(MakesLocks, ABC):
         if not in_this_process(lease.owner) or not live or not isinstance(hold, Hold):
             return False
         owner = hold.provider
-        return bool(owner._reporting(lease.key, owner._is_held, hold.anchor))
+        held = bool(owner._reporting(lease.key, owner._is_held, hold.anchor))
+        if not held and lease.state.live(time.monotonic()):
+            # its grant is gone while it was valid here: lost, and told so first
+            owner._lose(hold, "the backend no longer holds it")
+        return held
 
     def release_token(self, key: str, owner: str, token: str) -> bool:
         """Release what an acquire by `owner` under `token` may have taken when its reply

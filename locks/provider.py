@@ -100,10 +100,12 @@ class LeaseState:
         """Not ended, not lost, not past its validity."""
         return not (self.ended or self.lost or self.expired(now))
 
-    def mark_lost(self, reason: str) -> list[LostCallback] | None:
-        """Mark the lease lost and return the callbacks to run; None if it already ended."""
+    def mark_lost(self, reason: str, *, releasing: bool = False) -> list[LostCallback] | None:
+        """Mark the lease lost and return the callbacks to run; None if it already ended.
+        `releasing`: its holder's first release found the grant gone, so it was lost
+        before that release, which has claimed it (`ended`)."""
         with self._lock:
-            if self.lost or self.ended:
+            if self.lost or (self.ended and not releasing):
                 return None
             self.lost = True
             self.reason = reason

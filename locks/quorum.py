@@ -488,10 +488,11 @@ class Quorum(MakesLocks):
         raised = sum(outcome is None for outcome in outcomes.values())
         return at_floor + raised >= needed
 
-    def _undo(self, leases: dict[str, Lease], owner: str) -> None:
-        """Release member grants quietly; a member that does not answer gets it queued."""
+    def _undo(self, leases: dict[str, Lease], owner: str) -> dict[str, BaseException | None]:
+        """Release member grants quietly; a member that does not answer gets it queued.
+        Each member's outcome: None (released), or the error it raised."""
         if not leases:
-            return
+            return {}
 
         def start(member: LockProvider) -> Callable[[], None]:
             return member.start_release(leases[member.name])  # type: ignore[attr-defined,no-any-return]
@@ -499,9 +500,11 @@ class Quorum(MakesLocks):
         def release(member: LockProvider) -> None:
             member.release(leases[member.name])
 
-        for name, outcome in self._split(list(leases), start, release, owner).items():
+        outcomes = self._split(list(leases), start, release, owner)
+        for name, outcome in outcomes.items():
             if isinstance(outcome, BackendUnavailable):
                 self._pending.queue(name, Pending(lease=leases[name]))
+        return outcomes
 
     def _unavailable(self, failed: dict[str, LockError]) -> BackendUnavailable:
         detail = "; ".join(f"{name}: {error}" for name, error in failed.items())
@@ -553,11 +556,20 @@ class Quorum(MakesLocks):
         expired = lease.state.expired(time.monotonic())
         self._forget(grant)
         with grant.lock:
-            self._undo(grant.leases, grant.owner)
+            outcomes = self._undo(grant.leases, grant.owner)
         if expired:
             raise LockNotOwned(
                 f"{lease.key!r} on {self.name!r}: this lease had expired before its release "
                 "(what its members still held, if anything, was released)"
+            )
+        # members that did not answer may have held it; those that refused did not
+        still = sum(not isinstance(outcome, LockNotOwned) for outcome in outcomes.values())
+        if still < self.quorum:  # it was lost before its release: told as a renewal would
+            mark_lost(lease, f"only {still} of its members still held it at its release",
+                      releasing=True)  # fmt: skip
+            raise LockNotOwned(
+                f"{lease.key!r} on {self.name!r} was no longer held by this lease (it was "
+                "lost before its release); what its members still held was released"
             )
         emit(EventKind.RELEASED, self.name, lease.key, lease,
              duration=time.monotonic() - lease.acquired_at)  # fmt: skip
@@ -689,7 +701,13 @@ class Quorum(MakesLocks):
 
         outcomes = self._each(list(grant.leases), held, grant.owner)
         self._raise_unexpected(outcomes)
-        return sum(outcome is True for outcome in outcomes.values()) >= self.quorum
+        if sum(outcome is True for outcome in outcomes.values()) >= self.quorum:
+            return True
+        # members that did not answer may hold it; fewer than quorum besides: lost
+        maybe = sum(outcome is not False for outcome in outcomes.values())
+        if maybe < self.quorum and lease.state.live(time.monotonic()):
+            self._lose(grant, f"only {maybe} of its members may still hold it")
+        return False
 
     def holder(self, key: str) -> Holder | None:
         """Who may hold `key`: the owner that `quorum` members name, counting those that

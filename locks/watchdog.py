@@ -258,9 +258,10 @@ class Reaper:
 reaper = Reaper()
 
 
-def mark_lost(lease: Lease, reason: str) -> None:
-    """Mark `lease` lost, emit the event and run its callbacks, each once."""
-    callbacks = lease.state.mark_lost(reason)
+def mark_lost(lease: Lease, reason: str, *, releasing: bool = False) -> None:
+    """Mark `lease` lost, emit the event and run its callbacks, each once
+    (`LeaseState.mark_lost` says what `releasing` allows)."""
+    callbacks = lease.state.mark_lost(reason, releasing=releasing)
     if callbacks is None:
         return
     emit(EventKind.LOST, lease.backend, lease.key, lease, error=LockLost(reason))

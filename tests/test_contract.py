@@ -23,6 +23,7 @@ from typing import Any
 import pytest
 
 from locks import Lease, LockLost, LockNotOwned, LockProvider, LockTimeout
+from locks.events import Event, EventKind, add_observer, remove_observer
 from tests import workers
 from tests.backends import Backend, kinds
 from tests.forks import in_forked_child
@@ -423,6 +424,44 @@ def test_a_lock_deleted_behind_the_holders_back_is_lost(backend: Backend, key: s
 
 
 # -- reentrancy ------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("backend", kinds(renewable=True), indirect=True)
+@pytest.mark.parametrize("how", ["release", "is_held"])
+def test_a_call_that_finds_the_grant_gone_tells_on_lost_before_it_answers(
+    backend: Backend, key: str, how: str
+) -> None:
+    """A grant that went (a restarted server, an operator, a failover) while its lease
+    was still valid here is lost, and whichever call finds out first says so, as a
+    refused renewal does: on_lost and the `lost` event come before the call answers, so
+    neither the holder nor the metrics take it for a lease that simply ended. Found by
+    a fault campaign (redis restarted empty, the holder's release came first)."""
+    provider = backend.make(watchdog_ttl=30)  # no renewal comes before the call
+    order: list[str] = []
+
+    def observe(event: Event) -> None:
+        # this lease's, not a quorum member's
+        if event.kind == EventKind.LOST and event.lease and event.lease.state is lease.state:
+            order.append("lost event")
+
+    lease = provider.acquire(key, on_lost=lambda lease: order.append("on_lost"))
+    assert lease is not None
+    backend.delete_behind_back(key)
+    add_observer(observe)
+    try:
+        if how == "release":
+            with pytest.raises(LockNotOwned):
+                provider.release(lease)
+            order.append("answered")
+        else:
+            assert not provider.is_held(lease)
+            order.append("answered")
+    finally:
+        remove_observer(observe)
+    assert order == ["lost event", "on_lost", "answered"]
+    assert lease.lost
+    with pytest.raises(LockNotOwned):
+        provider.release(lease)  # lost: nothing more is sent
 
 
 @pytest.mark.parametrize("backend", kinds(reentrant=True), indirect=True)
