@@ -4,13 +4,14 @@ one subscriber connection, fence counters that expire and restart above themselv
 from __future__ import annotations
 
 import contextlib
+import logging
 import multiprocessing
 import socket
 import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -20,12 +21,14 @@ from redis.crc import key_slot
 from locks import BackendUnavailable, FallbackChain, Lease, LockError, LockNotOwned
 from locks.backends import LocalProvider, RedisHashProvider, RedisProvider
 from locks.backends.redis.provider import _RedisProviderBase
+from locks.backends.redis.scripts import acl_rule
 from locks.errors import BackendError
 from locks.events import Event, EventKind, add_observer, remove_observer
 from locks.owner import current_owner
 from tests import workers
 from tests.ports import free_port
 from tests.servers import RedisServer
+from tests.servers.redis_masters import RedisMaster
 from tests.threads import in_thread
 
 PROVIDERS = [RedisProvider, RedisHashProvider]
@@ -373,6 +376,93 @@ def test_renewal_failures_past_validity_mark_the_lease_lost(
         provider.close()
     kinds = {event.kind for event in events if event.key == key}
     assert {EventKind.ACQUIRED, EventKind.BACKEND_ERROR, EventKind.LOST} <= kinds
+
+
+# -- a restart or failover under held leases -------------------------------------------
+
+
+def _wait_for(condition: Callable[[], bool], seconds: float) -> bool:
+    deadline = time.monotonic() + seconds
+    while not condition() and time.monotonic() < deadline:
+        time.sleep(0.01)
+    return condition()
+
+
+def test_a_redis_restarted_empty_has_every_lease_on_it_told_lost_when_any_connection_returns(
+    provider: _RedisProviderBase, redis_server: RedisServer, key: str
+) -> None:
+    """Found by a fault campaign: Redis killed and restarted empty while a watchdog lease
+    was held; nothing told its holder until its release, and another process could take
+    the key meanwhile. Now the first connection that meets the new run (here another
+    thread's ping; a reconnecting subscriber does as well) has each lease checked, and
+    the ones gone are lost at once: before any renewal (30 s away) or release."""
+    lost: list[Lease] = []
+    renewed = provider.acquire(key, on_lost=lost.append)
+    fixed = provider.acquire(key + ":fixed", ttl=60, on_lost=lost.append)
+    assert renewed is not None and fixed is not None
+    redis_server.restart()
+    provider.ping()
+    assert _wait_for(lambda: len(lost) == 2, 2.0), "the restart went unnoticed"
+    assert {id(lease) for lease in lost} == {id(renewed), id(fixed)}
+    assert "restarted or failed over" in renewed.state.reason
+    with pytest.raises(LockNotOwned, match="lost"):
+        provider.release(renewed)
+    again = provider.acquire(key, ttl=30, wait=0)  # the server agrees: the key is free
+    assert again is not None
+    provider.release(again)
+
+
+@pytest.fixture
+def aof_redis(tmp_path: Path) -> Iterator[RedisMaster]:
+    server = RedisMaster(tmp_path)
+    server.start()
+    yield server
+    server.stop()
+
+
+@pytest.mark.parametrize("cls", PROVIDERS, ids=["redis", "redis-hash"])
+def test_a_restart_that_kept_a_grant_in_its_aof_loses_only_what_it_lost(
+    cls: type[_RedisProviderBase], aof_redis: RedisMaster, key: str
+) -> None:
+    """The check after a new run is exact: a grant the restarted server restored is still
+    held; one it lacks (here deleted before anyone reconnected) is lost."""
+    provider = cls(aof_redis.url)
+    lost: list[Lease] = []
+    kept = provider.acquire(key, on_lost=lost.append)
+    gone = provider.acquire(key + ":gone", on_lost=lost.append)
+    assert kept is not None and gone is not None
+    aof_redis.restart()
+    admin = redis.Redis.from_url(aof_redis.url)
+    admin.delete(provider._keys(key + ":gone").lock)
+    admin.close()
+    provider.ping()
+    assert _wait_for(lambda: bool(lost), 2.0), "the restart went unnoticed"
+    time.sleep(0.2)
+    assert lost == [gone]
+    assert provider.is_held(kept) and not kept.lost
+    provider.release(kept)
+    provider.close()
+
+
+def test_without_info_the_provider_warns_once_and_still_locks(
+    redis_server: RedisServer, admin: redis.Redis, key: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    rule = acl_rule().replace(" +info", "")
+    admin.execute_command("ACL", "SETUSER", "locks-noinfo", *rule.split(), ">pw")  # type: ignore[no-untyped-call]
+    provider = RedisProvider(redis_server.url.replace("redis://", "redis://locks-noinfo:pw@"))
+    try:
+        with caplog.at_level(logging.WARNING, logger="locks"):
+            for _ in range(2):
+                lease = provider.acquire(key, ttl=30, wait=0)
+                assert lease is not None
+                provider.release(lease)
+                provider.client.connection_pool.disconnect()  # type: ignore[union-attr]
+        warnings = [r for r in caplog.records if "refused INFO" in r.getMessage()]
+        assert len(warnings) == 1
+        assert "+info" in warnings[0].getMessage()
+    finally:
+        provider.close()
+        admin.acl_deluser("locks-noinfo")
 
 
 def test_the_provider_rejects_bad_settings_before_connecting() -> None:

@@ -8,12 +8,13 @@ only once replicas have it."""
 from __future__ import annotations
 
 import functools
+import logging
 import math
 import os
+import threading
 import time
 from abc import abstractmethod
-from collections.abc import Callable, Hashable, Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
@@ -23,13 +24,17 @@ from redis.sentinel import MasterNotFoundError
 
 from locks.backends.redis import scripts
 from locks.backends.redis.notify import NO_RESULT, ReleaseNotifier
+from locks.backends.redis.runs import RunWatch
 from locks.backends.redis.scripts import Script
 from locks.backends.redis.topology import DEFAULT_URL, Client, Timeouts, replica_sync, topology
 from locks.base import Grant, ProviderBase
 from locks.errors import AccessDenied, BackendError, BackendUnavailable, LockError
+from locks.holds import Hold
 from locks.names import check_count, check_name, check_seconds, redis_hash_tag
 from locks.provider import Capabilities, Holder, Lease
 from locks.tls import error_chain, tls_settings
+
+logger = logging.getLogger("locks")
 
 # "This Redis cannot serve us now": unreachable, timed out, a demoted primary (READONLY),
 # still loading its data (LOADING), out of memory (OOM), no primary (MASTERDOWN,
@@ -144,6 +149,8 @@ class _RedisProviderBase(ProviderBase):
         self._raise_fence_script = Script(scripts.RAISE_FENCE)
         self._pass_on_script = Script(scripts.PASS_ON)
         self._answering = False  # the last acquire had an answer: see `splits`
+        self._runs = RunWatch(self._where(), self.topology.kind == "cluster", self._run_changed)
+        self.topology.watch_runs(self._runs)
 
     @property
     def client(self) -> Client:
@@ -507,6 +514,55 @@ class _RedisProviderBase(ProviderBase):
             owner = owners[0]  # one owner field, beside ~token and ~fence
         return Holder(key, self.name, owner, None, _int(fence), _seconds(pttl))
 
+    def _run_changed(self) -> None:
+        """A connection met a server run it had not seen (a restart, a failover): every
+        lease held here is checked, on a thread of its own (a lost one's callbacks must
+        not run inside a connection's handshake)."""
+        held = self._holds()
+        if held:
+            threading.Thread(target=self._check_after_new_run, args=(held,), daemon=True,
+                             name=f"locks-{self.name}-check").start()  # fmt: skip
+
+    def _check_after_new_run(self, held: list[Hold]) -> None:
+        try:
+            present = self._reporting(held[0].key, self._still_held, [h.anchor for h in held])
+        except LockError:  # gone again: each lease hears at its next renewal or release
+            return
+        except Exception:  # closed under it, which redis-py may report as anything
+            if not self._runs.closed:
+                logger.exception("%s: checking the leases after a new run failed", self.name)
+            return
+        for hold, here in zip(held, present, strict=True):
+            if not here:
+                self._lose(hold, f"{self.address} restarted or failed over without its grant")
+
+    def _is_held(self, lease: Lease) -> bool:
+        return self._still_held([lease])[0]
+
+    def _still_held(self, leases: Sequence[Lease]) -> list[bool]:
+        """Whether each grant is still on the server, read in one pipeline. The other
+        lock type's key (WRONGTYPE) holds nothing of ours."""
+        with self._translated():
+            pipe = self.topology.client().pipeline(transaction=False)
+            for lease in leases:
+                pipe.execute_command(*self._held_query(self._keys(lease.key).lock))
+            replies = pipe.execute(raise_on_error=False)
+            for reply in replies:
+                if isinstance(reply, Exception) and not str(reply).startswith("WRONGTYPE"):
+                    raise reply
+        return [
+            not isinstance(reply, Exception) and _text(reply) == self._held_value(lease)
+            for lease, reply in zip(leases, replies, strict=True)
+        ]
+
+    @abstractmethod
+    def _held_query(self, lock: str) -> tuple[str, ...]:
+        """The command that reads what this algorithm stores as its grant's identity."""
+
+    @abstractmethod
+    def _held_value(self, lease: Lease) -> str:
+        """What `_held_query` answers while `lease`'s grant is on the server."""
+
     def _secrets(self) -> list[str]:
         return self.topology.secrets()
 
@@ -516,6 +572,7 @@ class _RedisProviderBase(ProviderBase):
         self._answering = True
 
     def close(self) -> None:
+        self._runs.closed = True  # a given client's connections keep the hook: it idles
         super().close()
         self._notifier.close()
         self.topology.close()
@@ -549,11 +606,11 @@ class RedisProvider(_RedisProviderBase):
         acquire apart from contention."""
         return f"{owner}/{token}"
 
-    def _is_held(self, lease: Lease) -> bool:
-        with self._translated(), _other_type_is_not_ours():
-            value = self.topology.client().get(self._keys(lease.key).lock)
-            return _text(value) == self._value(lease.owner, lease.token)
-        return False
+    def _held_query(self, lock: str) -> tuple[str, ...]:
+        return ("GET", lock)
+
+    def _held_value(self, lease: Lease) -> str:
+        return self._value(lease.owner, lease.token)
 
 
 class RedisHashProvider(_RedisProviderBase):
@@ -582,22 +639,11 @@ class RedisHashProvider(_RedisProviderBase):
     def _value(self, owner: str, token: str) -> str:
         return token
 
-    def _is_held(self, lease: Lease) -> bool:
-        with self._translated(), _other_type_is_not_ours():
-            reply = self.topology.client().hget(self._keys(lease.key).lock, "~token")
-            return _text(reply) == lease.token
-        return False
+    def _held_query(self, lock: str) -> tuple[str, ...]:
+        return ("HGET", lock, "~token")
 
-
-@contextmanager
-def _other_type_is_not_ours() -> Iterator[None]:
-    """A read of the other lock type's key (WRONGTYPE) finds nothing of ours: the
-    statement after the `with` runs instead of an error."""
-    try:
-        yield
-    except errors.ResponseError as exc:
-        if not str(exc).startswith("WRONGTYPE"):
-            raise
+    def _held_value(self, lease: Lease) -> str:
+        return lease.token
 
 
 def _timed_out(error: BaseException) -> bool:

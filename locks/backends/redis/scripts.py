@@ -332,9 +332,10 @@ class Script:
 
 SCRIPTS = (PLAIN_ACQUIRE, PLAIN_RELEASE, PLAIN_EXTEND, HASH_ACQUIRE, HASH_RELEASE, HASH_EXTEND,
            RAISE_FENCE, READ_HOLDER, BREAK, PASS_ON)  # fmt: skip
-# what a provider sends itself: scripts by SHA (EVAL after NOSCRIPT), its ping, and the
-# subscriber's wake-up channel
-_DIRECT = ("evalsha", "eval", "ping", "subscribe", "unsubscribe")
+# what a provider sends itself: scripts by SHA (EVAL after NOSCRIPT), its ping, the
+# subscriber's wake-up channel, and each new connection's INFO (the server's run_id,
+# which tells a restart or a failover: `runs`)
+_DIRECT = ("evalsha", "eval", "ping", "subscribe", "unsubscribe", "info")
 
 
 def acl_rule(

@@ -35,6 +35,7 @@ from redis.exceptions import AskError, ClusterError, MovedError, NoScriptError
 from redis.retry import Retry
 from redis.sentinel import Sentinel, SentinelConnectionPool
 
+from locks.backends.redis.runs import RunWatch
 from locks.backends.redis.scripts import Script
 from locks.names import check_seconds
 from locks.tls import HandshakeProbe, TLSSettings, tls_settings
@@ -84,15 +85,26 @@ class Topology:
         self._passwords = [password for password in passwords if password]
         # where the client hides a TLS refusal behind "no node reachable": ask ourselves
         self.probe = probe
+        self._watch: RunWatch | None = None
 
     def client(self) -> Client:
         client = self._client
         if client is None:
             with self._lock:
                 if self._client is None:
-                    self._client = self._build()
+                    built = self._build()
+                    if self._watch is not None:
+                        _watch_connections(built, self._watch)
+                    self._client = built
                 client = self._client
         return client
+
+    def watch_runs(self, watch: RunWatch) -> None:
+        """Have every connection made from now on read the server's run_id (`runs`)."""
+        with self._lock:
+            self._watch = watch
+            if self._client is not None:
+                _watch_connections(self._client, watch)
 
     def node(self, key: str) -> redis.Redis:
         """A client of the one server that owns `key`: a pipeline on it runs on one
@@ -235,6 +247,26 @@ def topology(
             _addresses(cluster_nodes, "cluster_nodes"), credentials, timeouts, tls
         )
     return _server_topology(url, db, credentials, timeouts, tls)
+
+
+def _watch_connections(client: Client, watch: RunWatch) -> None:
+    """Put `watch` into the handshake of the client's connections: those made from now
+    on, and those made already (a given client's), which use it when they reconnect."""
+    if isinstance(client, RedisCluster):  # its nodes' handshake calls this one after its own
+        client.user_on_connect_func = watch.hook(client.user_on_connect_func or _no_handshake)
+        return
+    pool = client.connection_pool
+    kwargs = pool.connection_kwargs
+    kwargs["redis_connect_func"] = watch.hook(kwargs.get("redis_connect_func"))
+    # redis-py keeps them here (ConnectionPool, BlockingConnectionPool): not public
+    made = [*getattr(pool, "_available_connections", ()), *getattr(pool, "_in_use_connections", ()),
+            *getattr(pool, "_connections", ())]  # fmt: skip
+    for connection in {id(made_one): made_one for made_one in made}.values():
+        connection.redis_connect_func = watch.hook(connection.redis_connect_func)
+
+
+def _no_handshake(connection: object) -> None:
+    """The cluster client's own handshake has run already."""
 
 
 def _given(client: Client) -> Topology:
