@@ -20,8 +20,9 @@ from redis.crc import key_slot
 
 from locks import BackendUnavailable, FallbackChain, Lease, LockError, LockNotOwned
 from locks.backends import LocalProvider, RedisHashProvider, RedisProvider
+from locks.backends.redis import scripts
 from locks.backends.redis.provider import _RedisProviderBase
-from locks.backends.redis.scripts import acl_rule
+from locks.backends.redis.scripts import Script, acl_rule
 from locks.errors import BackendError
 from locks.events import Event, EventKind, add_observer, remove_observer
 from locks.owner import current_owner
@@ -168,6 +169,21 @@ def test_scripts_are_called_by_sha_and_reloaded_after_a_flush(
     stats = admin.info("commandstats")
     assert stats["cmdstat_eval"]["calls"] == 3  # acquire, extend, release: once each
     assert stats["cmdstat_evalsha"]["calls"] >= 6
+
+
+@pytest.mark.parametrize("encoding", ["utf-8", "latin-1"])
+def test_a_script_call_is_packed_byte_for_byte_as_redis_py_packs_it(encoding: str) -> None:
+    """The acquire and release are sent pre-packed (`Script.pack`): the bytes must be
+    redis-py's own, in the connection's encoding, or names would change keys."""
+    script = Script(scripts.PLAIN_ACQUIRE)
+    connection = redis.Connection(encoding=encoding)  # type: ignore[no-untyped-call]
+    keys = ["locks:{é:订}" if encoding == "utf-8" else "locks:{é}", "locks:{x}:fence"]
+    for args in (["owner/token", 10_000, 604_800_000, -1, ""], [0, 2**53], []):
+        expected = b"".join(connection.pack_command("EVALSHA", script.sha, 2, *keys, *args))  # type: ignore[no-untyped-call]
+        assert script.pack(keys, args, encoding, "strict") == expected
+    for wrong in (True, 1.5, b"bytes"):
+        with pytest.raises(TypeError):
+            script.pack(keys, [wrong], encoding, "strict")
 
 
 @pytest.mark.parametrize("name", ["plain", "}x", "{a}b", "a{b}c", "{}", "锁:订单", "a%7Bb"])

@@ -272,8 +272,9 @@ def test_a_demoted_primary_is_an_outage_never_a_raw_readonly(
         if sentinel_topology.primary_port() != old_port and outcomes[-1] == "granted":
             break
         time.sleep(0.01)
-    assert sentinel_topology.primary_port() != old_port
-    assert outcomes[-1] == "granted"
+    where = f"outcomes {outcomes[-6:]} of {len(outcomes)}; {sentinel_topology.describe()}"
+    assert sentinel_topology.primary_port() != old_port, where
+    assert outcomes[-1] == "granted", where
 
 
 def cut_replication(topology: SentinelTopology) -> None:

@@ -310,11 +310,36 @@ class Script:
     ran it — one round trip, and no SCRIPT LOAD that a cluster would send to every
     primary, dead ones included."""
 
-    __slots__ = ("sha", "source")
+    __slots__ = ("_heads", "sha", "source")
 
     def __init__(self, source: str) -> None:
         self.source = source
         self.sha = hashlib.sha1(source.encode()).hexdigest()
+        self._heads: dict[tuple[int, int], bytes] = {}  # by (keys, keys + args)
+
+    def pack(self, keys: list[str], args: list[Any], encoding: str, errors: str) -> bytes:
+        """`EVALSHA sha numkeys keys... args...` in RESP, as redis-py's packer writes it
+        (strings in the connection's encoding, ints in decimal) at a quarter of its cost:
+        this runs on every acquire and release."""
+        parts = [*keys, *args]
+        shape = (len(keys), len(parts))
+        head = self._heads.get(shape)
+        if head is None:
+            sha = self.sha.encode()
+            numkeys = str(len(keys)).encode()
+            head = b"*%d\r\n$7\r\nEVALSHA\r\n$%d\r\n%s\r\n$%d\r\n%s\r\n" % (
+                len(parts) + 3, len(sha), sha, len(numkeys), numkeys)  # fmt: skip
+            self._heads[shape] = head
+        out = [head]
+        for part in parts:
+            if isinstance(part, str):
+                data = part.encode(encoding, errors)
+            elif isinstance(part, int) and not isinstance(part, bool):
+                data = b"%d" % part
+            else:  # nothing of ours sends another type: refuse rather than guess
+                raise TypeError(f"a script argument must be str or int, not {part!r}")
+            out.append(b"$%d\r\n%s\r\n" % (len(data), data))
+        return b"".join(out)
 
     def __call__(self, client: Any, keys: list[str], args: list[Any]) -> Any:
         try:
