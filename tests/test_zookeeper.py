@@ -9,6 +9,7 @@ import signal
 import threading
 import time
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
 from kazoo.client import KazooClient
@@ -287,3 +288,41 @@ def test_a_waiter_keeps_one_watch_however_long_it_waits(
 def test_a_root_zookeeper_would_refuse_is_refused_before_any_io(root: str) -> None:
     with pytest.raises(ValueError, match="root"):
         ZooKeeperProvider("127.0.0.1:1", root=root)  # nobody listens: no I/O is attempted
+
+
+def test_a_short_grant_sets_no_watch_and_a_break_is_heard_however_soon_it_comes(
+    zk: ZooKeeperProvider, admin: KazooClient, key: str
+) -> None:
+    """A grant's node is watched only once it has been held 50 ms (the watch cost each
+    release a notification and a thread hand-off, ~40 % of an uncontended cycle). A
+    grant released sooner leaves no watch behind; one broken sooner is still heard, as
+    soon as its watch is set; one broken later, at once."""
+    watched: list[str] = []
+    exists = zk.client.exists_async
+
+    def counting(path: str, watch: Any = None) -> Any:
+        if watch is not None:
+            watched.append(path)
+        return exists(path, watch=watch)
+
+    zk.client.exists_async = counting
+    for _ in range(20):
+        lease = zk.acquire(key, ttl=30)
+        assert lease is not None
+        zk.release(lease)
+    time.sleep(0.1)
+    assert watched == [], "a grant released at once was watched"
+    for hold_first in (0.0, 0.3):
+        lost = threading.Event()
+
+        def on_lost(_: Lease, told: threading.Event = lost) -> None:
+            told.set()
+
+        lease = zk.acquire(key, ttl=30, on_lost=on_lost)
+        assert lease is not None
+        time.sleep(hold_first)
+        node = zk._nodes[lease.token]
+        broken_at = time.monotonic()
+        admin.delete(node)  # an operator's break
+        assert lost.wait(2.0), f"a break {hold_first} s into the grant went unheard"
+        assert time.monotonic() - broken_at < 0.5

@@ -55,6 +55,7 @@ from locks.holds import Hold
 from locks.names import check_seconds, check_zookeeper_path, zookeeper_node_name
 from locks.provider import Capabilities, Holder, Lease
 from locks.tls import HandshakeProbe, TLSSettings, tls_settings
+from locks.watchdog import Watchdog
 
 logger = logging.getLogger("locks")
 
@@ -94,6 +95,9 @@ _UNAVAILABLE = (
 )
 _SEQUENCE_DIGITS = 10  # ZooKeeper appends a 10-digit counter to sequential nodes
 _RECHECK = 1.0  # a waiter re-reads the queue at least this often, whatever its watch does
+# a grant still held this long gets a watch on its node (`_NodeWatch`); most are gone
+# sooner, and a watch costs its release a notification and a thread hand-off
+_WATCH_AFTER = 0.05
 _AUTH_SCHEMES = ("digest", "sasl")
 # SASL exchanges the server cut in a row before that is taken for a refusal (one going
 # down mid-exchange is retried; some servers close the connection to refuse)
@@ -251,6 +255,9 @@ class ZooKeeperProvider(ProviderBase):
         self._started_at = 0.0
         self._connected_once = False
         self._nodes: dict[str, str] = {}  # token of a grant -> its node's path
+        # token of a grant -> its node's watch, due or set (`_NodeWatch`)
+        self._node_watches: dict[str, _NodeWatch] = {}
+        self._watches = Watchdog(f"locks-{self.name}-node-watches")
         # token of a grant not yet handed out -> the session its node was created in
         self._born_in: dict[str, int | None] = {}
         # the listener's view of the session, and the lock that orders it with new grants
@@ -458,7 +465,7 @@ class ZooKeeperProvider(ProviderBase):
     def _lose_all(self, held: list[Hold], reason: str) -> None:
         for hold in held:
             self._lose(hold, reason)
-            self._nodes.pop(hold.anchor.token, None)
+            self._drop_node(hold.anchor.token)
 
     def _check_hold(self, hold: Hold) -> None:
         if self.client.state != KazooState.CONNECTED or hold.anchor.state.suspended:
@@ -477,7 +484,7 @@ class ZooKeeperProvider(ProviderBase):
             if not expired:
                 lease.state.suspended = self._in_doubt
                 return
-        node = self._nodes.pop(hold.anchor.token, None)
+        node = self._drop_node(hold.anchor.token)
         if node is not None:  # gone with its session; if not, it must not outlive this
             self._leave(node.rsplit("/", 1)[0], hold.anchor.token)
         lease.state.mark_lost("the ZooKeeper session expired before it was handed out")
@@ -519,14 +526,16 @@ class ZooKeeperProvider(ProviderBase):
             return None
         self._nodes[token] = node
         self._born_in[token] = session
-        self._watch_own(node, token)
+        watch = self._node_watches[token] = _NodeWatch(self, node, token)
+        self._watches.watch(watch, time.monotonic() + _WATCH_AFTER)
         return Grant(token, fence, 1, sent_at)
 
     def _watch_own(self, node: str, token: str) -> None:
         """Hear at once of our node deleted by someone else (an operator breaking the
         lock): there is no renewal that would find out. Sent without waiting for the
         reply: ZooKeeper answers a session in order, so the watch is set before any
-        later request of ours, and a node already gone is seen in the reply."""
+        later request of ours, and a node already gone is seen in the reply. Set
+        `_WATCH_AFTER` into the grant (`_NodeWatch`): a break before that is heard then."""
 
         def gone(event: Any = None) -> None:  # on kazoo's event thread: hand off
             if token in self._nodes and (event is None or event.type == EventType.DELETED):
@@ -540,7 +549,7 @@ class ZooKeeperProvider(ProviderBase):
 
     def _broken(self, token: str) -> None:
         """Our node went while we held it, and not by our own release."""
-        if self._nodes.pop(token, None) is None:
+        if self._drop_node(token) is None:
             return  # released meanwhile
         self._born_in.pop(token, None)
         for hold in self._holds():
@@ -707,10 +716,17 @@ class ZooKeeperProvider(ProviderBase):
 
     def _release(self, lease: Lease) -> bool:
         self._born_in.pop(lease.token, None)
-        node = self._nodes.pop(lease.token, None)
+        node = self._drop_node(lease.token)
         if node is None:
             return False
         return self._delete_node(self._parent(lease.key), node, lease.token)
+
+    def _drop_node(self, token: str) -> str | None:
+        """Forget the node of the grant `token` and its watch; the node, if known."""
+        watch = self._node_watches.pop(token, None)
+        if watch is not None:
+            self._watches.unwatch(watch)
+        return self._nodes.pop(token, None)
 
     def _release_unknown(self, lease: Lease) -> bool:
         """The node is named after the token: find it and delete it (now, or once
@@ -779,10 +795,32 @@ class ZooKeeperProvider(ProviderBase):
 
     def close(self) -> None:
         super().close()
+        self._watches.close()
         self.client.remove_listener(self._on_state)
         if self._owns_client and self._started is not None:
             self.client.stop()
             self.client.close()
+
+
+class _NodeWatch:
+    """A granted node's watch, set by the provider's watch thread once the grant has
+    been held `_WATCH_AFTER` (`locks.watchdog.Renewable`: set once, never renewed)."""
+
+    __slots__ = ("node", "provider", "token")
+
+    def __init__(self, provider: ZooKeeperProvider, node: str, token: str) -> None:
+        self.provider, self.node, self.token = provider, node, token
+
+    def renew(self) -> float | None:
+        provider = self.provider
+        if provider._node_watches.get(self.token) is self:  # not released meanwhile
+            # a connection lost or closed: the session's own listener tells the holder
+            with contextlib.suppress(KazooException):
+                provider._watch_own(self.node, self.token)
+        return None
+
+    def expire(self, now: float) -> float | None:
+        return None
 
 
 def _tls_options(
