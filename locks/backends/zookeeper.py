@@ -16,6 +16,7 @@ until it has (docs/topologies/zookeeper-ensemble.md has the windows measured).
 from __future__ import annotations
 
 import contextlib
+import functools
 import importlib.util
 import inspect
 import logging
@@ -500,7 +501,7 @@ class ZooKeeperProvider(ProviderBase):
     # -- the algorithm ------------------------------------------------------------------
 
     def _parent(self, key: str) -> str:
-        return f"{self.root}/{zookeeper_node_name(key)}"
+        return _parent_of(self.root, key)
 
     def _acquire(
         self, key: str, owner: str, token: str, ttl: float, deadline: float | None
@@ -612,7 +613,7 @@ class ZooKeeperProvider(ProviderBase):
         predecessor: a new one only when the predecessor changes or the watch fired."""
         ours = node.rsplit("/", 1)[1]
         watched: str | None = None  # the predecessor our pending watch is on
-        fired = threading.Event()
+        fired = _UNSET  # replaced with the first watch's own event
         relisted: list[Any] = []
         while True:
             queue = _queue(children)
@@ -800,6 +801,15 @@ class ZooKeeperProvider(ProviderBase):
         if self._owns_client and self._started is not None:
             self.client.stop()
             self.client.close()
+
+
+_UNSET = threading.Event()  # an event never set: `_wait_turn` before its first watch
+
+
+@functools.lru_cache(maxsize=4096)
+def _parent_of(root: str, key: str) -> str:
+    """The lock parent of `key` (quoting a name costs more than a cached lookup)."""
+    return f"{root}/{zookeeper_node_name(key)}"
 
 
 class _NodeWatch:
