@@ -331,6 +331,13 @@ def test_the_seeds_hazard_a_promoted_replica_that_missed_the_lock(
     else:
         assert held is not None and taken is not None  # two owners of one lock at once
         assert taken.fence > held.fence  # the fence still tells them apart
+        # but its holder is told, as soon as it reaches the promoted replica
+        first.ping()
+        deadline = time.monotonic() + 2
+        while not held.lost and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert held.lost, f"the lost grant was never told; {sentinel_topology.describe()}"
+        assert not before.lost and first.is_held(before)  # the replicated one is kept
     # the lock the replica did receive survives the failover
     assert elsewhere(lambda: second.acquire(f"{key}:before", ttl=5, wait=0)) is None
 
