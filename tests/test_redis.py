@@ -770,3 +770,35 @@ def test_leases_due_together_are_renewed_in_one_pipeline_and_a_lost_one_is_told(
                 provider.release(lease)
     finally:
         provider.close()
+
+
+def test_a_thread_past_max_connections_waits_for_one_then_gives_up_at_pool_timeout(
+    redis_server: RedisServer, key: str
+) -> None:
+    """The pool (`locks.backends.redis.pool`): a thread that finds every connection in
+    use waits for one, gets the first given back, and after `pool_timeout` without one
+    the call is an outage, never a hang."""
+    provider = RedisProvider(redis_server.url, max_connections=2, pool_timeout=0.3)
+    pool = provider.client.connection_pool  # type: ignore[union-attr]
+    held = [pool.get_connection(), pool.get_connection()]
+    started = time.monotonic()
+    with pytest.raises(BackendUnavailable, match="No connection available"):
+        provider.acquire(key, ttl=5, wait=0)
+    assert 0.25 <= time.monotonic() - started < 1.0
+    got: list[float] = []
+
+    def take_one() -> None:
+        lease = provider.acquire(key, ttl=5, wait=0)
+        got.append(time.monotonic())
+        assert lease is not None
+        provider.release(lease)
+
+    waiter = threading.Thread(target=take_one)
+    waiter.start()
+    time.sleep(0.1)
+    given_back = time.monotonic()
+    pool.release(held.pop())
+    waiter.join(5)
+    assert got and got[0] - given_back < 0.1, "the waiting thread missed the connection"
+    pool.release(held.pop())
+    provider.close()

@@ -35,6 +35,7 @@ from redis.exceptions import AskError, ClusterError, MovedError, NoScriptError
 from redis.retry import Retry
 from redis.sentinel import Sentinel, SentinelConnectionPool
 
+from locks.backends.redis.pool import BlockingPool
 from locks.backends.redis.runs import RunWatch
 from locks.backends.redis.scripts import Script
 from locks.names import check_seconds
@@ -164,7 +165,7 @@ class _Sentinel(Topology):
                     sentinel.close()
 
 
-class _BlockingSentinelPool(SentinelConnectionPool, redis.BlockingConnectionPool):
+class _BlockingSentinelPool(SentinelConnectionPool, BlockingPool):
     """Sentinel's pool, but a thread past `max_connections` waits up to `pool_timeout`
     for a free connection instead of failing at once, as on one server (redis-py has
     no blocking Sentinel pool)."""
@@ -302,7 +303,7 @@ def _server_topology(url: str, db: int | None, credentials: dict[str, str | None
             raise ValueError("give TLS either in the url or as tls_* keywords, not both")
         extra |= {"connection_class": redis.SSLConnection, **_ssl_kwargs(tls.checked())}
     try:
-        pool = redis.BlockingConnectionPool.from_url(
+        pool = BlockingPool.from_url(
             url, max_connections=timeouts.max_connections, timeout=timeouts.pool,
             **timeouts.socket_kwargs(), **extra,
         )  # fmt: skip
@@ -385,7 +386,7 @@ def _cluster_topology(nodes: list[tuple[str, int]], credentials: dict[str, str |
             # server, instead of failing at once
             url=f"{scheme}://{first_host}:{first_port}",
             startup_nodes=[ClusterNode(host, port) for host, port in others],  # type: ignore[no-untyped-call]
-            connection_pool_class=redis.BlockingConnectionPool,
+            connection_pool_class=BlockingPool,
             timeout=timeouts.pool,
             retry=retry,
             # slots of a shard in failover are unserved; the others go on serving
