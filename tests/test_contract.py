@@ -439,13 +439,15 @@ def test_a_call_that_finds_the_grant_gone_tells_on_lost_before_it_answers(
     provider = backend.make(watchdog_ttl=30)  # no renewal comes before the call
     order: list[str] = []
 
-    def observe(event: Event) -> None:
-        # this lease's, not a quorum member's
-        if event.kind == EventKind.LOST and event.lease and event.lease.state is lease.state:
-            order.append("lost event")
-
     lease = provider.acquire(key, on_lost=lambda lease: order.append("on_lost"))
     assert lease is not None
+    state = lease.state
+
+    def observe(event: Event) -> None:
+        # this lease's, not a quorum member's
+        if event.kind == EventKind.LOST and event.lease and event.lease.state is state:
+            order.append("lost event")
+
     backend.delete_behind_back(key)
     add_observer(observe)
     try:
