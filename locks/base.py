@@ -34,6 +34,9 @@ from locks.provider import (
 from locks.tls import tls_refused
 from locks.watchdog import Renewable, Watchdog, mark_lost
 
+# why a lease is lost when a call finds its grant no longer on the server
+_GONE = "the backend no longer holds it"
+
 P = ParamSpec("P")
 R = TypeVar("R")
 
@@ -120,7 +123,7 @@ class _Renewal:
                 retry = min(max(want / 30, 0.05), _RETRY_CAP)
                 self.due = min(later + retry, *[until for until in alive if until])
         else:
-            self.ended = "the backend no longer holds it"
+            self.ended = _GONE
 
     def settle(self) -> None:
         """Still under the lock: a hold with no next renewal is no longer watched."""
@@ -411,7 +414,7 @@ class ProviderBase(MakesLocks, ABC):
             else:
                 held = owner._reporting(lease.key, owner._extend, hold.anchor, new_ttl)
         if not held:
-            owner._lose(hold, "the backend no longer holds it")
+            owner._lose(hold, _GONE)
             raise LockNotOwned(f"{lease.key!r} on {self.name!r} is no longer held by this lease")
         emit(EventKind.EXTENDED, self.name, lease.key, lease)
         if new_ttl == lease.ttl:
@@ -431,7 +434,7 @@ class ProviderBase(MakesLocks, ABC):
         held = bool(owner._reporting(lease.key, owner._is_held, hold.anchor))
         if not held and lease.state.live(time.monotonic()):
             # its grant is gone while it was valid here: lost, and told so first
-            owner._lose(hold, "the backend no longer holds it")
+            owner._lose(hold, _GONE)
         return held
 
     def release_token(self, key: str, owner: str, token: str) -> bool:
@@ -553,7 +556,7 @@ class ProviderBase(MakesLocks, ABC):
                 watch = auto and not hold.watched
                 hold.watched = hold.watched or watch
         if lost:
-            owner._lose(hold, "the backend no longer holds it")
+            owner._lose(hold, _GONE)
             return None
         if watch:
             owner._watchdog.watch(hold, now + ttl / 3)

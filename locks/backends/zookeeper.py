@@ -221,6 +221,8 @@ class ZooKeeperProvider(ProviderBase):
         self.client = client
         self.address = ",".join(f"{host}:{port}" for host, port in client.hosts)
         self.address += client.chroot or ""
+        # sets grants' node watches (`_NodeWatch`); it starts afresh in a forked child
+        self._watches = Watchdog(f"locks-{self.name}-node-watches")
         self._reset()
         self._hear_sasl(client)
         client.add_listener(self._on_state)
@@ -258,7 +260,6 @@ class ZooKeeperProvider(ProviderBase):
         self._nodes: dict[str, str] = {}  # token of a grant -> its node's path
         # token of a grant -> its node's watch, due or set (`_NodeWatch`)
         self._node_watches: dict[str, _NodeWatch] = {}
-        self._watches = Watchdog(f"locks-{self.name}-node-watches")
         # token of a grant not yet handed out -> the session its node was created in
         self._born_in: dict[str, int | None] = {}
         # the listener's view of the session, and the lock that orders it with new grants

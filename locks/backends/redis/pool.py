@@ -56,9 +56,6 @@ class FreeConnections:
             finally:
                 self._waiting -= 1
 
-    def get_nowait(self) -> Any:
-        return self.get(block=False)
-
 
 class BlockingPool(redis.BlockingConnectionPool):
     """`BlockingConnectionPool` over `FreeConnections`."""
