@@ -27,13 +27,14 @@ import threading
 import warnings
 import weakref
 from collections.abc import Callable, Hashable
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, cast
 
 from locks.forking import start_afresh_when_forked
 from locks.provider import Lease, LeaseState
 
 if TYPE_CHECKING:
     from locks.base import ProviderBase
+    from locks.keeper import LeaseKeeper
 
 
 logger = logging.getLogger("locks")
@@ -87,9 +88,9 @@ class Hold:
     referenced, in order."""
 
     __slots__ = ("_done", "_levels", "anchor", "ending", "limit", "lock", "over", "provider",
-                 "valid_until", "watched")  # fmt: skip
+                 "serial", "valid_until", "watched")  # fmt: skip
 
-    def __init__(self, provider: ProviderBase, first: Lease, valid_until: float | None) -> None:
+    def __init__(self, provider: LeaseKeeper, first: Lease, valid_until: float | None) -> None:
         self.provider = provider  # the object that made the grant: its connection serves it
         self.anchor = first.copy()  # not `first`: the holder may drop that
         self._levels = [Copies(first)]
@@ -100,6 +101,9 @@ class Hold:
         # guards levels and expiry, and is held across the I/O that changes the server's
         # expiry, so two levels' renewals can never leave it shorter than either needs
         self.lock = threading.Lock()
+        # the asyncio face's counterpart, held across its awaited calls that change the
+        # server's expiry (`lock` is never held across an await); made on first use
+        self.serial: object = None
         self.ending = False  # its last level is being released: it takes no new level
         self.over = False  # released, lost or closed: forgotten by the registry
         self._done: threading.Event | None = None  # made only for someone who waits
@@ -170,7 +174,8 @@ class Hold:
     # the watchdog's protocol (`locks.watchdog.Renewable`)
 
     def renew(self) -> float | None:
-        return self.provider._renew_holds([self])[0]
+        # only a threaded provider's watchdog calls this (the asyncio face renews itself)
+        return cast("ProviderBase", self.provider)._renew_holds([self])[0]
 
     def expire(self, now: float) -> float | None:
         return self.provider._expire_hold(self, now)
@@ -216,7 +221,7 @@ class Holds:
                 self._by_key.pop(entry, None)
         return True
 
-    def of(self, provider: ProviderBase) -> list[Hold]:
+    def of(self, provider: LeaseKeeper) -> list[Hold]:
         return list(self._by_provider.get(id(provider), {}).values())
 
 

@@ -41,12 +41,16 @@ def process_id() -> str:
     return _process_id
 
 
+def new_owner() -> str:
+    """A fresh owner id, `<process id>:<serial>`: one per thread, or per asyncio task."""
+    return f"{_owner_prefix}{next(_serials)}"
+
+
 def current_owner() -> str:
-    """The calling thread's owner id, `<process id>:<thread serial>`."""
+    """The calling thread's owner id."""
     owner: str | None = getattr(_local, "owner", None)
     if owner is None:
-        owner = f"{_owner_prefix}{next(_serials)}"
-        _local.owner = owner
+        owner = _local.owner = new_owner()
     return owner
 
 

@@ -413,21 +413,33 @@ class MakesLocks:
                 # and the body would run unlocked
                 raise TypeError(
                     f"{function.__qualname__} is a coroutine function: a thread's lock "
-                    "cannot guard its awaited body"
+                    "cannot guard its awaited body (use locks.aio's providers, whose "
+                    "`locked` decorates `async def`)"
                 )
-            signature = inspect.signature(function)
-            _check_template(key_template, signature, function)
+            key_of = key_maker(key_template, function)
 
             @functools.wraps(function)
             def wrapper(*args: P.args, **kwargs: P.kwargs) -> R:
-                bound = signature.bind(*args, **kwargs)
-                bound.apply_defaults()
-                with self.lock(key_template.format(**bound.arguments), ttl=ttl, wait=wait):
+                with self.lock(key_of(*args, **kwargs), ttl=ttl, wait=wait):
                     return function(*args, **kwargs)
 
             return wrapper
 
         return decorate
+
+
+def key_maker(template: str, function: Callable[..., object]) -> Callable[..., str]:
+    """What names the lock of one call of `function`: `template` formatted with the
+    call's arguments (defaults applied). Its fields are checked now, not at the first call."""
+    signature = inspect.signature(function)
+    _check_template(template, signature, function)
+
+    def key_of(*args: object, **kwargs: object) -> str:
+        bound = signature.bind(*args, **kwargs)
+        bound.apply_defaults()
+        return template.format(**bound.arguments)
+
+    return key_of
 
 
 def _check_template(template: str, signature: inspect.Signature, function: object) -> None:

@@ -623,6 +623,7 @@ class _DoubleReleaseUndoesOuter(ProviderBase):
             super().release(lease)
             return
         owner = hold.provider
+        assert isinstance(owner, ProviderBase)
         with hold.lock:
             live = hold.live(time.monotonic())
             if live:
@@ -645,6 +646,7 @@ class _NestedExtendShortensHold(ProviderBase):
         if ttl is None or lease.depth == 1 or not isinstance(hold, Hold):
             return super().extend(lease, ttl)
         owner = hold.provider
+        assert isinstance(owner, ProviderBase)
         with hold.lock:
             now = time.monotonic()
             if hold.ending or not lease.state.live(now):

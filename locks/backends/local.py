@@ -5,17 +5,18 @@ process shares one namespace, so two provider objects (two registries, two chain
 exclude each other on the same key. A provider of another name is another namespace.
 
 Each namespace is a registry of per-key entries, created on first use and dropped as
-soon as no owner holds them and no thread waits, so a million distinct keys leave
+soon as no owner holds them and nobody waits, so a million distinct keys leave
 nothing behind. A forked child starts with empty namespaces: its parent's threads, and
 what they held, do not exist there.
 """
 
 from __future__ import annotations
 
+import asyncio
 import itertools
 import threading
 import time
-from collections.abc import Hashable
+from collections.abc import Hashable, Iterator
 
 from locks.base import Grant, ProviderBase
 from locks.forking import start_afresh_when_forked
@@ -23,23 +24,91 @@ from locks.provider import Capabilities, Holder, Lease
 
 
 class _Entry:
-    __slots__ = ("fence", "free", "owner", "token", "users")
+    __slots__ = ("fence", "free", "owner", "token", "users", "waiting")
 
     def __init__(self) -> None:
         self.free = threading.Condition(threading.Lock())
         self.owner: str | None = None
         self.token = ""
         self.fence = 0
-        self.users = 0  # outstanding grants plus waiting threads; 0 means removable
+        self.users = 0  # outstanding grants plus waiters; 0 means removable
+        # tasks waiting (locks.aio): each one's loop and future, woken on release
+        self.waiting: list[tuple[asyncio.AbstractEventLoop, asyncio.Future[None]]] = []
+
+    def take(self, owner: str, token: str, fences: Iterator[int]) -> Grant | None:
+        """Under `free`: the grant if nobody else holds the key (a grant of this owner
+        nobody tracks is taken over, as a new period), else None."""
+        if self.owner is not None and self.owner != owner:
+            return None
+        if self.owner == owner:
+            self.users -= 1  # it takes over the earlier grant's place
+        self.owner, self.token, self.fence = owner, token, next(fences)
+        return Grant(token, self.fence, 1, time.monotonic())
+
+    def give_back(self, token: str) -> bool:
+        """Under `free`: end the grant made under `token`, waking a waiting thread and
+        the waiting tasks; False if it is not the grant held."""
+        if self.token != token or self.owner is None:
+            return False
+        self.owner, self.token = None, ""
+        self.free.notify()
+        waiting, self.waiting = self.waiting, []
+        for loop, woken in waiting:
+            loop.call_soon_threadsafe(_set, woken)
+        return True
+
+
+def _set(woken: asyncio.Future[None]) -> None:
+    if not woken.done():
+        woken.set_result(None)
 
 
 class _Namespace:
-    """The keys of one provider name in this process."""
+    """The keys of one provider name in this process, shared by both faces."""
 
     def __init__(self) -> None:
         self.lock = threading.Lock()
         self.entries: dict[str, _Entry] = {}
         self.fences = itertools.count(1)
+
+    def join(self, key: str) -> _Entry:
+        """The key's entry, counting one more user (a try, then a wait or a grant)."""
+        with self.lock:
+            entry = self.entries.get(key)
+            if entry is None:
+                entry = self.entries[key] = _Entry()
+            entry.users += 1
+        return entry
+
+    def leave(self, key: str, entry: _Entry) -> None:
+        """One user fewer: the entry goes with its last one."""
+        with self.lock:
+            entry.users -= 1
+            if entry.users == 0 and self.entries.get(key) is entry:
+                del self.entries[key]
+
+    def release(self, key: str, token: str) -> bool:
+        entry = self.entries.get(key)
+        if entry is None:
+            return False
+        with entry.free:
+            released = entry.give_back(token)
+        if released:
+            self.leave(key, entry)
+        return released
+
+    def holds(self, key: str, token: str) -> bool:
+        entry = self.entries.get(key)
+        return entry is not None and entry.owner is not None and entry.token == token
+
+    def holder(self, key: str, backend: str) -> Holder | None:
+        entry = self.entries.get(key)
+        if entry is None:
+            return None
+        with entry.free:
+            if entry.owner is None:
+                return None
+            return Holder(key, backend, entry.owner, None, entry.fence, None)
 
 
 class _Namespaces:
@@ -99,62 +168,29 @@ class LocalProvider(ProviderBase):
         self, key: str, owner: str, token: str, ttl: float, deadline: float | None
     ) -> Grant | None:
         space = self._space
-        with space.lock:
-            entry = space.entries.get(key)
-            if entry is None:
-                entry = space.entries[key] = _Entry()
-            entry.users += 1
+        entry = space.join(key)
         with entry.free:
-            if entry.owner == owner:  # a grant of this owner nobody tracks: a new period
-                entry.token, entry.fence = token, next(space.fences)
-                entry.users -= 1  # it takes over the earlier grant's place
-                return Grant(token, entry.fence, 1, time.monotonic())
-            while entry.owner is not None:
+            while (grant := entry.take(owner, token, space.fences)) is None:
                 remaining = None if deadline is None else deadline - time.monotonic()
                 if remaining is not None and remaining <= 0:
                     break
                 entry.free.wait(remaining)
             else:
-                entry.owner, entry.token = owner, token
-                entry.fence = next(space.fences)
-                return Grant(token, entry.fence, 1, time.monotonic())
-        self._drop_user(space, key, entry)
+                return grant
+        space.leave(key, entry)
         return None
 
     def _release(self, lease: Lease) -> bool:
-        space = self._space
-        entry = space.entries.get(lease.key)
-        if entry is None:
-            return False
-        with entry.free:
-            if entry.token != lease.token or entry.owner is None:
-                return False
-            entry.owner, entry.token = None, ""
-            entry.free.notify()
-        self._drop_user(space, lease.key, entry)
-        return True
-
-    def _drop_user(self, space: _Namespace, key: str, entry: _Entry) -> None:
-        with space.lock:
-            entry.users -= 1
-            if entry.users == 0 and space.entries.get(key) is entry:
-                del space.entries[key]
+        return self._space.release(lease.key, lease.token)
 
     def _extend(self, lease: Lease, ttl: float) -> bool:
         return self._is_held(lease)
 
     def _is_held(self, lease: Lease) -> bool:
-        entry = self._space.entries.get(lease.key)
-        return entry is not None and entry.owner is not None and entry.token == lease.token
+        return self._space.holds(lease.key, lease.token)
 
     def _holder(self, key: str) -> Holder | None:
-        entry = self._space.entries.get(key)
-        if entry is None:
-            return None
-        with entry.free:
-            if entry.owner is None:
-                return None
-            return Holder(key, self.name, entry.owner, None, entry.fence, None)
+        return self._space.holder(key, self.name)
 
     def ping(self) -> None:
         """Always answers: the local backend cannot be unavailable."""

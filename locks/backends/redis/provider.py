@@ -7,22 +7,33 @@ only once replicas have it."""
 
 from __future__ import annotations
 
-import functools
 import logging
 import math
 import os
 import threading
 import time
-from abc import abstractmethod
 from collections.abc import Callable, Hashable, Sequence
-from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import Any
 
 import redis
 from redis import exceptions as errors
-from redis.sentinel import MasterNotFoundError
 
 from locks.backends.redis import scripts
+from locks.backends.redis.algorithms import (
+    DENIED,
+    UNAVAILABLE,
+    Algorithm,
+    HashAlgorithm,
+    Keys,
+    PlainAlgorithm,
+    keys_of,
+    maybe_sent,
+    ms,
+    read_holder,
+    refused,
+    text,
+    try_outcome,
+)
 from locks.backends.redis.notify import NO_RESULT, ReleaseNotifier
 from locks.backends.redis.runs import RunWatch
 from locks.backends.redis.scripts import Script
@@ -30,53 +41,23 @@ from locks.backends.redis.topology import DEFAULT_URL, Client, Timeouts, replica
 from locks.base import Grant, ProviderBase
 from locks.errors import AccessDenied, BackendError, BackendUnavailable, LockError
 from locks.holds import Hold
-from locks.names import check_count, check_name, check_seconds, redis_hash_tag
-from locks.provider import Capabilities, Holder, Lease
+from locks.names import check_count, check_name, check_seconds
+from locks.provider import Holder, Lease
 from locks.tls import error_chain, tls_settings
 
 logger = logging.getLogger("locks")
-
-# "This Redis cannot serve us now": unreachable, timed out, a demoted primary (READONLY),
-# still loading its data (LOADING), out of memory (OOM), no primary (MASTERDOWN,
-# CLUSTERDOWN, TRYAGAIN, a cluster client that reaches no node or no owner of a slot).
-# The only errors that degrade a chain.
-_UNAVAILABLE = (
-    errors.ConnectionError, errors.TimeoutError, errors.ReadOnlyError, errors.BusyLoadingError,
-    errors.OutOfMemoryError, errors.ClusterDownError, errors.TryAgainError, errors.ClusterError,
-    errors.RedisClusterException, OSError,
-)  # fmt: skip
-# Credentials or ACLs refused: WRONGPASS/NOAUTH (AuthenticationError, which redis-py
-# derives from ConnectionError: it is sorted first), NOPERM.
-_DENIED = (errors.AuthenticationError, errors.AuthorizationError, errors.NoPermissionError,
-           errors.AuthenticationWrongNumberOfArgsError)  # fmt: skip
-# inside a script, a command, key or channel the ACL forbids fails with a plain error
-# (no NOPERM) carrying one of these texts: Redis 7.0 "The user executing the script
-# can't run this command / publish to the channel / access at least one of the keys",
-# 7.2 and later "ACL failure in script"
-_SCRIPT_DENIED = ("The user executing the script can't", "ACL failure in script")
-
-
-@dataclass(frozen=True, slots=True)
-class _Keys:
-    name: str  # the lock's name, as the caller gave it
-    lock: str
-    fence: str
-    waiters: str  # the channels of processes waiting, for the release to wake (scripts.py)
 
 
 class _NotReplicated(Exception):
     """Fewer replicas acknowledged a write than `sync_replicas` asks for."""
 
 
-class _RedisProviderBase(ProviderBase):
+class _RedisProviderBase(Algorithm, ProviderBase):
     """What the two Redis algorithms share: client, keys, waiting, error translation."""
 
-    unavailable_errors = (*_UNAVAILABLE, _NotReplicated)
-    denied_errors = _DENIED
+    unavailable_errors = (*UNAVAILABLE, _NotReplicated)
+    denied_errors = DENIED
     driver_errors = (errors.RedisError,)
-    acquire_lua: ClassVar[str]
-    release_lua: ClassVar[str]
-    extend_lua: ClassVar[str]
 
     def __init__(
         self,
@@ -122,7 +103,7 @@ class _RedisProviderBase(ProviderBase):
         if "{" in prefix or "}" in prefix:
             raise ValueError("prefix must not contain '{' or '}': they would move the hash tag")
         self.prefix = prefix
-        self.fence_ttl_ms = _ms(check_seconds(fence_ttl, "fence_ttl"))
+        self.fence_ttl_ms = ms(check_seconds(fence_ttl, "fence_ttl"))
         timeouts = Timeouts(
             socket=check_seconds(socket_timeout, "socket_timeout"),
             connect=check_seconds(connect_timeout, "connect_timeout"),
@@ -158,38 +139,16 @@ class _RedisProviderBase(ProviderBase):
         with self._translated():
             return self.topology.client()
 
-    # -- the algorithm's part -----------------------------------------------------------
-
-    @abstractmethod
-    def _acquire_args(
-        self, owner: str, token: str, ttl_ms: int, wait_ms: int, channel: str
-    ) -> list[Any]:
-        """ARGV of this algorithm's acquire script; `wait_ms`: how long a failed try may
-        still wait (-1 for ever, 0 not at all), for which it puts `channel` (none: '')
-        into the lock's waiters, so that a release wakes it."""
-
-    @abstractmethod
-    def _value(self, owner: str, token: str) -> str:
-        """What this algorithm's release and extend scripts compare with the stored grant."""
-
     # -- shared ------------------------------------------------------------------------------
 
-    def _keys(self, key: str) -> _Keys:
-        return _keys(self.prefix, key)
+    def _keys(self, key: str) -> Keys:
+        return keys_of(self.prefix, key)
 
     def _domain(self) -> Hashable:
         return ("redis", self.topology.domain(), self.prefix)
 
     def _classify(self, error: BaseException) -> type[BackendUnavailable] | type[BackendError]:
-        # a refusal anywhere in the chain: redis-py's cluster client turns a NOPERM on
-        # CLUSTER SLOTS into "cluster mode is not enabled", then "cannot be connected"
-        for cause in error_chain(error):
-            if isinstance(cause, _DENIED) or (
-                isinstance(cause, errors.ResponseError)
-                and any(text in str(cause) for text in _SCRIPT_DENIED)
-            ):
-                return AccessDenied
-        return super()._classify(error)
+        return AccessDenied if refused(error) else super()._classify(error)
 
     def _error(
         self,
@@ -230,7 +189,7 @@ class _RedisProviderBase(ProviderBase):
         self, key: str, owner: str, token: str, ttl: float, deadline: float | None
     ) -> Grant | None:
         keys = self._keys(key)
-        ttl_ms = _ms(ttl)
+        ttl_ms = ms(ttl)
         notifier = self._notifier
         # listening already: this first try's mark is heard, so a failed one need not
         # be repeated once the waiter is counted (a wake-up in between is kept for it)
@@ -256,7 +215,7 @@ class _RedisProviderBase(ProviderBase):
 
     def _try(
         self,
-        keys: _Keys,
+        keys: Keys,
         owner: str,
         token: str,
         ttl_ms: int,
@@ -275,17 +234,13 @@ class _RedisProviderBase(ProviderBase):
                 self._acquire_script, [keys.lock, keys.fence], args, keys.name, token
             )
         except (*self.driver_errors, *self.unavailable_errors) as exc:
-            raise self._error(exc, ambiguous=_maybe_sent(exc), key=keys.name, token=token) from exc
+            raise self._error(exc, ambiguous=maybe_sent(exc), key=keys.name, token=token) from exc
         self._answering = True
-        # the reply shapes are described in locks.backends.redis.scripts
-        if isinstance(reply, int):
-            if reply > 0:
-                if acks is not None:
-                    self._replicated_or_undone(keys, owner, token, acks)
-                return Grant(token, reply, 1, sent_at)
-            pttl, own = -reply - 1, False
-        else:
-            pttl, own = int(reply[0]), True
+        fence, pttl, own = try_outcome(reply)
+        if fence:
+            if acks is not None:
+                self._replicated_or_undone(keys, owner, token, acks)
+            return Grant(token, fence, 1, sent_at)
         if deadline is not None and time.monotonic() >= deadline:
             return None
         if own and deadline is None:
@@ -300,7 +255,7 @@ class _RedisProviderBase(ProviderBase):
         the same connection) nor on a cluster."""
         keys = self._keys(key)
         sent_at = time.monotonic()
-        args = self._acquire_args(owner, token, _ms(ttl), 0, "")
+        args = self._acquire_args(owner, token, ms(ttl), 0, "")
         read = self._send(self._acquire_script, [keys.lock, keys.fence], args, key, token)
         if read is None:
             return None
@@ -312,7 +267,7 @@ class _RedisProviderBase(ProviderBase):
 
         return grant
 
-    def _release_args(self, keys: _Keys, lease: Lease) -> list[Any]:
+    def _release_args(self, keys: Keys, lease: Lease) -> list[Any]:
         """The release script's ARGV: with this provider's channel when it has waiters
         of its own on the lock, so that the release wakes them first."""
         notifier = self._notifier
@@ -366,7 +321,7 @@ class _RedisProviderBase(ProviderBase):
         except (*self.driver_errors, *self.unavailable_errors) as exc:
             self._answering = False
             pool.release(connection)
-            maybe = token is not None and _maybe_sent(exc)
+            maybe = token is not None and maybe_sent(exc)
             raise self._error(exc, ambiguous=maybe, key=key, token=token) from exc
 
         # the reply is due a socket timeout after the send, not after the read begins: a
@@ -416,7 +371,7 @@ class _RedisProviderBase(ProviderBase):
             return script(self.topology.client(), keys, args), None
         return self._dispatch(script, keys, args, key, token)(), None
 
-    def _replicated_or_undone(self, keys: _Keys, owner: str, token: str, acks: Any) -> None:
+    def _replicated_or_undone(self, keys: Keys, owner: str, token: str, acks: Any) -> None:
         """A grant the replicas did not acknowledge is taken back before anyone relies on
         it: a failover now could hand the lock to a second owner."""
         assert self._sync is not None
@@ -447,7 +402,7 @@ class _RedisProviderBase(ProviderBase):
     def _extend(self, lease: Lease, ttl: float) -> bool:
         """With `sync_replicas`, a renewal the replicas did not acknowledge failed: the
         expiry a promoted replica would keep is the old one."""
-        args = [self._value(lease.owner, lease.token), _ms(ttl)]
+        args = [self._value(lease.owner, lease.token), ms(ttl)]
         with self._translated():
             lock = self._keys(lease.key).lock
             reply, acks = self._call(self._extend_script, [lock], args, lease.key)
@@ -471,7 +426,7 @@ class _RedisProviderBase(ProviderBase):
     def _extend_pipelined(self, requests: Sequence[tuple[Lease, float]]) -> list[Any]:
         script = self._extend_script
         calls = [
-            ([self._keys(lease.key).lock], [self._value(lease.owner, lease.token), _ms(ttl)])
+            ([self._keys(lease.key).lock], [self._value(lease.owner, lease.token), ms(ttl)])
             for lease, ttl in requests
         ]
         with self._translated():
@@ -510,9 +465,8 @@ class _RedisProviderBase(ProviderBase):
     def _holder(self, key: str) -> Holder | None:
         """Either type's holder: a lock of the other type excludes this one too."""
         keys = self._keys(key)
-        return self._read_holder(
-            key, self._script(self._holder_script, [keys.lock, keys.fence], [])
-        )
+        reply = self._script(self._holder_script, [keys.lock, keys.fence], [])
+        return read_holder(self.name, key, reply)
 
     def _break(self, key: str) -> Holder | None:
         """With `sync_replicas`, a break the replicas did not acknowledge is an outage: a
@@ -522,22 +476,7 @@ class _RedisProviderBase(ProviderBase):
             reply, acks = self._call(self._break_script, [keys.lock, keys.fence], [], key)
             self._require_replicas(acks, "break")
         self._notifier.wake_local(keys.lock)
-        return self._read_holder(key, reply)
-
-    def _read_holder(self, key: str, reply: Any) -> Holder | None:
-        """The holder in a READ_HOLDER (or BREAK) reply."""
-        if len(reply) < 4:
-            return None
-        kind, pttl, fence, value = str(_text(reply[0])), reply[1], reply[2], reply[3]
-        if kind == "string":  # the `redis` type's value is owner/token
-            owner = str(_text(value)).rsplit("/", 1)[0]
-        else:
-            fields = [str(_text(field)) for field in value[::2]]
-            owners = [field for field in fields if not field.startswith("~")]
-            if not owners:
-                return None
-            owner = owners[0]  # one owner field, beside ~token and ~fence
-        return Holder(key, self.name, owner, None, _int(fence), _seconds(pttl))
+        return read_holder(self.name, key, reply)
 
     def _run_changed(self) -> None:
         """A connection met a server run it had not seen (a restart, a failover): every
@@ -576,17 +515,9 @@ class _RedisProviderBase(ProviderBase):
                 if isinstance(reply, Exception) and not str(reply).startswith("WRONGTYPE"):
                     raise reply
         return [
-            not isinstance(reply, Exception) and _text(reply) == self._held_value(lease)
+            not isinstance(reply, Exception) and text(reply) == self._held_value(lease)
             for lease, reply in zip(leases, replies, strict=True)
         ]
-
-    @abstractmethod
-    def _held_query(self, lock: str) -> tuple[str, ...]:
-        """The command that reads what this algorithm stores as its grant's identity."""
-
-    @abstractmethod
-    def _held_value(self, lease: Lease) -> str:
-        """What `_held_query` answers while `lease`'s grant is on the server."""
 
     def _secrets(self) -> list[str]:
         return self.topology.secrets()
@@ -603,72 +534,12 @@ class _RedisProviderBase(ProviderBase):
         self.topology.close()
 
 
-class RedisProvider(_RedisProviderBase):
-    """Type `redis`: `SET key owner/token NX PX`, Lua compare-and-delete. Not reentrant."""
-
-    type_name = "redis"
-    capabilities = Capabilities(
-        reentrant=False,
-        expires=True,
-        renewable=True,
-        fair=False,
-        fenced=True,
-        cross_process=True,
-        cross_host=True,
-    )
-
-    acquire_lua = scripts.PLAIN_ACQUIRE
-    release_lua = scripts.PLAIN_RELEASE
-    extend_lua = scripts.PLAIN_EXTEND
-
-    def _acquire_args(
-        self, owner: str, token: str, ttl_ms: int, wait_ms: int, channel: str
-    ) -> list[Any]:
-        return [self._value(owner, token), ttl_ms, self.fence_ttl_ms, wait_ms, channel]
-
-    def _value(self, owner: str, token: str) -> str:
-        """The owner first, so the acquire script can tell the holder's own second
-        acquire apart from contention."""
-        return f"{owner}/{token}"
-
-    def _held_query(self, lock: str) -> tuple[str, ...]:
-        return ("GET", lock)
-
-    def _held_value(self, lease: Lease) -> str:
-        return self._value(lease.owner, lease.token)
+class RedisProvider(PlainAlgorithm, _RedisProviderBase):
+    __doc__ = PlainAlgorithm.__doc__
 
 
-class RedisHashProvider(_RedisProviderBase):
-    """Type `redis-hash`: Redisson's algorithm, reentrant per owner."""
-
-    type_name = "redis-hash"
-    capabilities = Capabilities(
-        reentrant=True,
-        expires=True,
-        renewable=True,
-        fair=False,
-        fenced=True,
-        cross_process=True,
-        cross_host=True,
-    )
-
-    acquire_lua = scripts.HASH_ACQUIRE
-    release_lua = scripts.HASH_RELEASE
-    extend_lua = scripts.HASH_EXTEND
-
-    def _acquire_args(
-        self, owner: str, token: str, ttl_ms: int, wait_ms: int, channel: str
-    ) -> list[Any]:
-        return [token, ttl_ms, self.fence_ttl_ms, owner, wait_ms, channel]
-
-    def _value(self, owner: str, token: str) -> str:
-        return token
-
-    def _held_query(self, lock: str) -> tuple[str, ...]:
-        return ("HGET", lock, "~token")
-
-    def _held_value(self, lease: Lease) -> str:
-        return lease.token
+class RedisHashProvider(HashAlgorithm, _RedisProviderBase):
+    __doc__ = HashAlgorithm.__doc__
 
 
 def _timed_out(error: BaseException) -> bool:
@@ -678,35 +549,3 @@ def _timed_out(error: BaseException) -> bool:
         isinstance(cause, (errors.TimeoutError, TimeoutError)) or "Timeout" in str(cause)
         for cause in error_chain(error)
     )
-
-
-def _maybe_sent(error: BaseException) -> bool:
-    """Whether the script may have reached a server: not when the connection was refused,
-    no sentinel named a primary, or a cluster client found no node for the slot."""
-    if isinstance(error, (MasterNotFoundError, errors.RedisClusterException)):
-        return False
-    return not isinstance(error.__context__, ConnectionRefusedError)
-
-
-def _int(value: Any) -> int | None:
-    return None if value is None else int(value)
-
-
-def _seconds(pttl: Any) -> float | None:
-    """PTTL's milliseconds as seconds; None for a key with no expiry (-1) or none (-2)."""
-    return None if pttl is None or int(pttl) < 0 else int(pttl) / 1000
-
-
-@functools.lru_cache(maxsize=4096)
-def _keys(prefix: str, key: str) -> _Keys:
-    """The lock key, fence key and waiters' set of `key`, sharing one hash tag."""
-    base = f"{prefix}:{{{redis_hash_tag(key)}}}"
-    return _Keys(key, base, base + ":fence", base + ":waiters")
-
-
-def _ms(seconds: float) -> int:
-    return max(1, round(seconds * 1000))
-
-
-def _text(value: Any) -> str | None:
-    return value.decode() if isinstance(value, bytes) else value
