@@ -8,7 +8,7 @@ from typing import Any
 
 import sqlalchemy as sa
 
-from locks import FallbackChain, LockProvider
+from locks import FallbackChain, LockProvider, aio
 from locks.backends import (
     DatabaseProvider,
     FileProvider,
@@ -17,10 +17,11 @@ from locks.backends import (
     RedisProvider,
     ZooKeeperProvider,
 )
-from locks.base import ProviderBase
+from locks.keeper import LeaseKeeper
 from locks.names import redis_hash_tag
 from locks.provider import Capabilities
 from locks.quorum import Quorum
+from tests.aio_bridge import Threaded
 from tests.ports import free_port
 
 # a chain joins the contract suite as Redis (reentrant hash) over MariaDB: the
@@ -31,7 +32,7 @@ CHAIN_CAPABILITIES = RedisHashProvider.capabilities & DatabaseProvider.capabilit
 QUORUM_CAPABILITIES = Capabilities(reentrant=True, expires=True, renewable=True, fair=False,
                                    fenced=True, cross_process=True, cross_host=True)  # fmt: skip
 
-CLASSES: dict[str, type[ProviderBase]] = {
+CLASSES: dict[str, type[LeaseKeeper]] = {
     "local": LocalProvider,
     "redis": RedisProvider,
     "redis-hash": RedisHashProvider,
@@ -50,6 +51,10 @@ CLASSES: dict[str, type[ProviderBase]] = {
     # the topologies: one of each Redis type, so both scripts run on both
     "redis-sentinel": RedisHashProvider,
     "redis-cluster": RedisProvider,
+    # the asyncio face, called through tests/aio_bridge.py: one task per calling thread
+    "aio-local": aio.LocalProvider,
+    "aio-redis": aio.RedisProvider,
+    "aio-redis-hash": aio.RedisHashProvider,
 }
 TOPOLOGIES = ("redis-sentinel", "redis-cluster")
 
@@ -73,12 +78,17 @@ SERVERS: dict[str, tuple[str, ...]] = {
     "redis-sentinel": ("sentinel_topology",),
     "redis-cluster": ("cluster_topology",),
     "quorum": ("redis_masters",),
+    "aio-local": (),
+    "aio-redis": ("redis_server",),
+    "aio-redis-hash": ("redis_server",),
 }
 
 # an address of each kind where nobody listens, given a free port
 DEAD_ADDRESS = {
     "redis": "redis://127.0.0.1:{port}/0",
     "redis-hash": "redis://127.0.0.1:{port}/0",
+    "aio-redis": "redis://127.0.0.1:{port}/0",
+    "aio-redis-hash": "redis://127.0.0.1:{port}/0",
     "redis-acl": "redis://locks-least:least-pw@127.0.0.1:{port}/0",
     "redis-hash-acl": "redis://locks-least:least-pw@127.0.0.1:{port}/0",
     "mariadb-least": "mysql+pymysql://locks_dml:dml-pw@127.0.0.1:{port}/locks",
@@ -149,10 +159,9 @@ def make_provider(kind: str, address: str | None, **options: Any) -> LockProvide
         urls = (address or "").split("|")
         members = [RedisHashProvider(url, name=f"r{i}", **options) for i, url in enumerate(urls)]
         return Quorum(members, name="quorum", watchdog_ttl=watchdog_ttl)
-    cls = CLASSES[kind]
-    if address is None:
-        return cls(**options)
-    return cls(address, **options)
+    cls: Any = CLASSES[kind]
+    made = cls(**options) if address is None else cls(address, **options)
+    return Threaded(made) if kind.startswith("aio-") else made
 
 
 @dataclass
@@ -184,7 +193,7 @@ class Backend:
     def delete_behind_back(self, key: str) -> None:
         """Remove a lock the way an operator or a failover would, without its owner."""
         assert self.address is not None, f"{self.kind} has no server to delete from"
-        if self.kind.startswith("redis") or self.kind in ("chain", "quorum"):
+        if self.kind.startswith(("redis", "aio-redis")) or self.kind in ("chain", "quorum"):
             urls = self.address.split("|")
             for url in urls if self.kind == "quorum" else urls[:1]:  # a quorum: every member
                 provider = RedisProvider(url)

@@ -1,0 +1,83 @@
+"""Type `local` for tasks: the same process-wide namespaces as the threaded
+`LocalProvider` (a task and a thread exclude each other on one name), with waiting
+tasks woken through their loop instead of a condition."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Hashable
+
+from locks.aio.base import AsyncProviderBase
+from locks.backends.local import LocalProvider as _ThreadedLocal
+from locks.backends.local import _Namespace, _namespaces
+from locks.keeper import Grant
+from locks.provider import Holder, Lease
+
+
+class LocalProvider(AsyncProviderBase):
+    """Type `local`: reentrant per task, never expires, one process only."""
+
+    type_name = "local"
+    capabilities = _ThreadedLocal.capabilities
+
+    def __init__(self, name: str = "local") -> None:
+        super().__init__(name)
+        self.address = "this process"
+
+    @property
+    def _space(self) -> _Namespace:
+        return _namespaces.get(self.name)  # looked up each time: a fork replaces it
+
+    def __len__(self) -> int:
+        """How many keys are held or waited for right now, in this provider's namespace."""
+        return len(self._space.entries)
+
+    def _domain(self) -> Hashable:
+        return ("local", self.name)
+
+    async def _acquire(
+        self, key: str, owner: str, token: str, ttl: float, deadline: float | None
+    ) -> Grant | None:
+        space = self._space
+        entry = space.join(key)
+        loop = asyncio.get_running_loop()
+        try:
+            while True:
+                with entry.free:
+                    grant = entry.take(owner, token, space.fences)
+                    if grant is not None:
+                        return grant
+                    remaining = None if deadline is None else deadline - time.monotonic()
+                    if remaining is not None and remaining <= 0:
+                        break
+                    woken: asyncio.Future[None] = loop.create_future()
+                    entry.waiting.append((loop, woken))
+                try:
+                    await asyncio.wait_for(woken, remaining)
+                except TimeoutError:
+                    pass
+                finally:
+                    with entry.free:
+                        if (loop, woken) in entry.waiting:
+                            entry.waiting.remove((loop, woken))
+        except BaseException:
+            space.leave(key, entry)
+            raise
+        space.leave(key, entry)
+        return None
+
+    async def _release(self, lease: Lease) -> bool:
+        return self._space.release(lease.key, lease.token)
+
+    async def _extend(self, lease: Lease, ttl: float) -> bool:
+        return self._space.holds(lease.key, lease.token)
+
+    async def _is_held(self, lease: Lease) -> bool:
+        return self._space.holds(lease.key, lease.token)
+
+    async def _holder(self, key: str) -> Holder | None:
+        return self._space.holder(key, self.name)
+
+    async def ping(self) -> None:
+        """Always answers: the local backend cannot be unavailable."""

@@ -1,0 +1,341 @@
+"""Redis backends for tasks, over `redis.asyncio`: `RedisProvider` (type `redis`) and
+`RedisHashProvider` (type `redis-hash`), with the threaded providers' arguments,
+scripts, keys, fences and error sorting (`locks.backends.redis.algorithms`). The
+arguments are checked, and the topology worked out, by the same code as the threaded
+face's (`locks.backends.redis.topology`); the client it would build is rebuilt over
+`redis.asyncio` with the same settings.
+
+One server (a `redis://`, `rediss://` or `unix://` url, or a `redis.asyncio.Redis`
+passed as `client`) for now: Sentinel, Cluster and `sync_replicas` are the threaded
+face's only, and refused here by name."""
+
+from __future__ import annotations
+
+import math
+import os
+import time
+from collections.abc import Hashable, Sequence
+from typing import Any
+
+import redis
+import redis.asyncio as aioredis
+from redis import exceptions as errors
+
+from locks.aio.base import AsyncProviderBase
+from locks.aio.redis_notify import AsyncNotifier
+from locks.backends.redis import scripts
+from locks.backends.redis.algorithms import (
+    DENIED,
+    UNAVAILABLE,
+    Algorithm,
+    HashAlgorithm,
+    Keys,
+    PlainAlgorithm,
+    keys_of,
+    maybe_sent,
+    ms,
+    read_holder,
+    refused,
+    text,
+    try_outcome,
+)
+from locks.backends.redis.scripts import Script
+from locks.backends.redis.topology import DEFAULT_URL, Timeouts, topology
+from locks.errors import AccessDenied, BackendError, BackendUnavailable, LockError
+from locks.keeper import Grant
+from locks.names import check_count, check_name, check_seconds
+from locks.provider import Holder, Lease
+from locks.tls import tls_settings
+
+# redis-py's threaded connection classes and their asyncio twins
+_CONNECTIONS: dict[type[Any], type[Any]] = {
+    redis.Connection: aioredis.Connection,
+    redis.SSLConnection: aioredis.SSLConnection,
+    redis.UnixDomainSocketConnection: aioredis.UnixDomainSocketConnection,
+}
+# the parent's clients, in a forked child (see `after_fork_in_child`)
+_LEFT_BY_PARENT: list[object] = []
+# what the threaded pool's connections take that an asyncio connection must not
+_THREADED_ONLY = ("redis_connect_func", "retry")
+
+
+class _AsyncRedisBase(Algorithm, AsyncProviderBase):
+    unavailable_errors = UNAVAILABLE
+    denied_errors = DENIED
+    driver_errors = (errors.RedisError,)
+
+    def __init__(
+        self,
+        url: str = DEFAULT_URL,
+        *,
+        client: aioredis.Redis | None = None,
+        name: str | None = None,
+        prefix: str = "locks",
+        watchdog_ttl: float = 30.0,
+        socket_timeout: float = 0.5,
+        connect_timeout: float = 0.25,
+        max_connections: int = 50,
+        pool_timeout: float = 5.0,
+        fence_ttl: float = 7 * 24 * 3600.0,
+        db: int | None = None,
+        username: str | None = None,
+        password: str | None = None,
+        tls_ca: str | os.PathLike[str] | None = None,
+        tls_cert: str | os.PathLike[str] | None = None,
+        tls_key: str | os.PathLike[str] | None = None,
+        tls_key_password: str | None = None,
+        tls_check_hostname: bool = True,
+    ) -> None:
+        """As the threaded providers' arguments (`locks.backends.RedisProvider`), for one
+        server; `client` is a `redis.asyncio.Redis`."""
+        super().__init__(self.type_name if name is None else name, watchdog_ttl)
+        tls = tls_settings(tls_ca, tls_cert, tls_key, tls_key_password, tls_check_hostname)
+        prefix = check_name(prefix, "prefix")
+        if "{" in prefix or "}" in prefix:
+            raise ValueError("prefix must not contain '{' or '}': they would move the hash tag")
+        self.prefix = prefix
+        self.fence_ttl_ms = ms(check_seconds(fence_ttl, "fence_ttl"))
+        timeouts = Timeouts(
+            socket=check_seconds(socket_timeout, "socket_timeout"),
+            connect=check_seconds(connect_timeout, "connect_timeout"),
+            max_connections=check_count(max_connections, "max_connections"),
+            pool=check_seconds(pool_timeout, "pool_timeout"),
+        )
+        self._socket_timeout = timeouts.socket
+        if client is not None:
+            if not isinstance(client, aioredis.Redis):
+                raise TypeError(
+                    f"client must be a redis.asyncio.Redis, not {type(client).__name__}"
+                )
+            self._client, self._owned, self._passwords = client, False, []
+            kwargs = client.connection_pool.connection_kwargs
+            self._db = int(kwargs.get("db", 0) or 0)
+            self.address = _address(kwargs)
+        else:
+            if isinstance(url, str) and "+" in url.split("://", 1)[0]:
+                raise ValueError(
+                    "url: locks.aio's Redis providers take one server for now (redis://, "
+                    "rediss:// or unix://); Sentinel and Cluster are the threaded face's"
+                )
+            threaded = topology(
+                url, client=None, sentinels=None, service=None, cluster_nodes=None, db=db,
+                username=username, password=password, sentinel_username=None,
+                sentinel_password=None, tls=tls, sentinel_tls=None, timeouts=timeouts,
+            )  # fmt: skip
+            self._pool_settings = _settings(threaded.client(), timeouts)
+            self._client, self._owned = _client(self._pool_settings), True
+            self._db, self.address = threaded.db, threaded.address
+            self._passwords = threaded.secrets()
+        self._notifier = AsyncNotifier(self._pubsub, prefix, self._pass_on, self._error)
+        self._acquire_script = Script(self.acquire_lua)
+        self._release_script = Script(self.release_lua)
+        self._extend_script = Script(self.extend_lua)
+        self._holder_script = Script(scripts.READ_HOLDER)
+        self._break_script = Script(scripts.BREAK)
+        self._raise_fence_script = Script(scripts.RAISE_FENCE)
+        self._pass_on_script = Script(scripts.PASS_ON)
+
+    def after_fork_in_child(self) -> None:
+        # the pool's connections and its condition belong to the parent and its loop:
+        # a client of our own gets a new pool (a client passed in is its owner's to renew)
+        super().after_fork_in_child()
+        if self._owned:
+            # never closed here, nor collected: closing a connection of the parent's loop
+            # takes its socket out of the epoll instance the child shares with its parent
+            _LEFT_BY_PARENT.append(self._client)
+            self._client = _client(self._pool_settings)
+
+    def _pubsub(self) -> Any:
+        return self._client.pubsub()
+
+    @property
+    def client(self) -> aioredis.Redis:
+        """The `redis.asyncio` client."""
+        return self._client
+
+    def _keys(self, key: str) -> Keys:
+        return keys_of(self.prefix, key)
+
+    def _domain(self) -> Hashable:
+        return ("redis", ("server", self.address, self._db), self.prefix)
+
+    def _classify(self, error: BaseException) -> type[BackendUnavailable] | type[BackendError]:
+        return AccessDenied if refused(error) else super()._classify(error)
+
+    def _secrets(self) -> list[str]:
+        kwargs = self._client.connection_pool.connection_kwargs
+        found = [kwargs.get("password"), kwargs.get("ssl_password"),
+                 *self._passwords]  # fmt: skip
+        return [str(secret) for secret in found if secret]
+
+    async def _run(self, script: Script, keys: list[str], args: list[Any]) -> Any:
+        """`script` by its SHA, sent again in full if the server lost it (a restart)."""
+        try:
+            return await self._client.evalsha(script.sha, len(keys), *keys, *args)
+        except errors.NoScriptError:
+            return await self._client.eval(script.source, len(keys), *keys, *args)
+
+    async def _acquire(
+        self, key: str, owner: str, token: str, ttl: float, deadline: float | None
+    ) -> Grant | None:
+        keys = self._keys(key)
+        ttl_ms = ms(ttl)
+        notifier = self._notifier
+        marked = notifier.listening  # a first try's mark is heard: no second try needed
+        outcome = await self._try(keys, owner, token, ttl_ms, deadline, mark=marked)
+        if not isinstance(outcome, int):
+            return outcome
+        if not marked:
+            await notifier.listen(self._socket_timeout)
+            outcome = await self._try(keys, owner, token, ttl_ms, deadline, mark=True)
+        while isinstance(outcome, int):
+            # a lost wake-up costs at most the holder's remaining ttl
+            pause = outcome / 1000 if outcome > 0 else 0.01
+            if deadline is not None:
+                pause = min(pause, deadline - time.monotonic())
+            await notifier.wait(keys.lock, max(pause, 0.0))
+            outcome = await self._try(keys, owner, token, ttl_ms, deadline, mark=True)
+        return outcome
+
+    async def _try(
+        self,
+        keys: Keys,
+        owner: str,
+        token: str,
+        ttl_ms: int,
+        deadline: float | None,
+        *,
+        mark: bool,
+    ) -> Grant | int | None:
+        """A Grant, None (give up), or the ms to wait before the next try."""
+        sent_at = time.monotonic()
+        wait_ms = -1 if deadline is None else max(0, math.ceil((deadline - sent_at) * 1000))
+        channel = self._notifier.channel if mark else ""
+        args = self._acquire_args(owner, token, ttl_ms, wait_ms, channel)
+        try:
+            reply = await self._run(self._acquire_script, [keys.lock, keys.fence], args)
+        except (*self.driver_errors, *self.unavailable_errors) as exc:
+            raise self._error(exc, ambiguous=maybe_sent(exc), key=keys.name, token=token) from exc
+        fence, pttl, own = try_outcome(reply)
+        if fence:
+            return Grant(token, fence, 1, sent_at)
+        if deadline is not None and time.monotonic() >= deadline:
+            return None
+        if own and deadline is None:
+            return None  # waiting forever for ourselves would never end
+        return pttl
+
+    async def _release(self, lease: Lease) -> bool:
+        keys = self._keys(lease.key)
+        local = self._notifier.channel if self._notifier.waits_on(keys.lock) else ""
+        args = [self._value(lease.owner, lease.token), local]
+        with self._translated():
+            return bool(await self._run(self._release_script, [keys.lock], args) == 1)
+
+    async def _pass_on(self, lock: str) -> None:
+        """A wake-up this process had no use for goes to the next waiting process."""
+        with self._translated():
+            await self._run(self._pass_on_script, [lock], [])
+
+    async def _extend(self, lease: Lease, ttl: float) -> bool:
+        args = [self._value(lease.owner, lease.token), ms(ttl)]
+        with self._translated():
+            lock = self._keys(lease.key).lock
+            return bool(await self._run(self._extend_script, [lock], args) == 1)
+
+    async def _extend_many(self, requests: Sequence[tuple[Lease, float]]) -> list[bool | None]:
+        """The watchdog's extends in one pipeline: one round trip for hundreds."""
+        if len(requests) < 2:
+            return await super()._extend_many(requests)
+        script = self._extend_script
+        calls: list[tuple[list[str], list[Any]]] = [
+            ([self._keys(lease.key).lock], [self._value(lease.owner, lease.token), ms(ttl)])
+            for lease, ttl in requests
+        ]
+        try:
+            with self._translated():
+                pipe = self._client.pipeline(transaction=False)
+                for keys, args in calls:
+                    pipe.evalsha(script.sha, len(keys), *keys, *args)
+                replies = await pipe.execute(raise_on_error=False)
+                for index, reply in enumerate(replies):
+                    if isinstance(reply, errors.NoScriptError):  # EVAL caches it again
+                        replies[index] = await self._run(script, *calls[index])
+                    elif isinstance(reply, Exception):
+                        raise reply
+        except LockError as error:
+            self._reported(requests[0][0].key, error)
+            return [None] * len(requests)
+        return [reply == 1 for reply in replies]
+
+    async def _is_held(self, lease: Lease) -> bool:
+        lock = self._keys(lease.key).lock
+        with self._translated():
+            try:
+                reply = await self._client.execute_command(*self._held_query(lock))  # type: ignore[no-untyped-call]
+            except errors.ResponseError as exc:
+                if str(exc).startswith("WRONGTYPE"):  # the other lock type's key
+                    return False
+                raise
+        return text(reply) == self._held_value(lease)
+
+    async def raise_fence(self, key: str, floor: int) -> None:
+        """Make every later grant of `key` carry a fence above `floor`."""
+        key = check_name(key)
+        if isinstance(floor, bool) or not isinstance(floor, int) or not 0 <= floor < 2**53:
+            raise ValueError(f"floor must be an int from 0 to 2**53, got {floor!r}")
+        with self._translated():
+            await self._run(self._raise_fence_script, [self._keys(key).fence],
+                            [floor, self.fence_ttl_ms])  # fmt: skip
+
+    async def _holder(self, key: str) -> Holder | None:
+        keys = self._keys(key)
+        with self._translated():
+            reply = await self._run(self._holder_script, [keys.lock, keys.fence], [])
+        return read_holder(self.name, key, reply)
+
+    async def _break(self, key: str) -> Holder | None:
+        keys = self._keys(key)
+        with self._translated():
+            reply = await self._run(self._break_script, [keys.lock, keys.fence], [])
+        self._notifier.wake_local(keys.lock)
+        return read_holder(self.name, key, reply)
+
+    async def ping(self) -> None:
+        with self._translated():
+            await self._client.ping()
+
+    async def _close_io(self) -> None:
+        await self._notifier.close()
+        if self._owned:
+            await self._client.aclose()
+            await self._client.connection_pool.disconnect()
+
+
+class RedisProvider(PlainAlgorithm, _AsyncRedisBase):
+    __doc__ = PlainAlgorithm.__doc__
+
+
+class RedisHashProvider(HashAlgorithm, _AsyncRedisBase):
+    __doc__ = HashAlgorithm.__doc__
+
+
+def _settings(client: Any, timeouts: Timeouts) -> dict[str, Any]:
+    """The pool settings of the threaded client the topology built (no connection made
+    yet), for a `redis.asyncio` pool: one place checks and parses the arguments."""
+    pool = client.connection_pool
+    kwargs = {k: v for k, v in pool.connection_kwargs.items() if k not in _THREADED_ONLY}
+    client.close()
+    return {"connection_class": _CONNECTIONS[pool.connection_class],
+            "max_connections": timeouts.max_connections, "timeout": timeouts.pool,
+            **kwargs}  # fmt: skip
+
+
+def _client(settings: dict[str, Any]) -> aioredis.Redis:
+    return aioredis.Redis(connection_pool=aioredis.BlockingConnectionPool(**settings))
+
+
+def _address(kwargs: dict[str, Any]) -> str:
+    if "path" in kwargs:
+        return f"unix:{kwargs['path']}"
+    return f"{kwargs.get('host', 'localhost')}:{kwargs.get('port', 6379)}"
