@@ -3,12 +3,21 @@
 `async with provider.lock("order:1", wait=2) as lease:`; `await provider.acquire(...)`;
 `@provider.locked("order:{order_id}")` on an `async def`. The owner is the task. The
 scripts, statements, checks and bookkeeping are the threaded face's (`locks.keeper`);
-only the calls that reach a server differ. See docs/asyncio.md."""
+only the calls that reach a server differ. See docs/asyncio.md.
 
-from locks.aio.base import AsyncProviderBase
-from locks.aio.handle import AsyncLock
-from locks.aio.local import LocalProvider
-from locks.aio.redis import RedisHashProvider, RedisProvider
+Each name is imported on first use: `import locks.aio` needs no server client."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from locks.lazy import lazy_names
+
+if TYPE_CHECKING:
+    from locks.aio.base import AsyncProviderBase
+    from locks.aio.handle import AsyncLock
+    from locks.aio.local import LocalProvider
+    from locks.aio.redis import RedisHashProvider, RedisProvider
 
 __all__ = [
     "AsyncLock",
@@ -17,3 +26,14 @@ __all__ = [
     "RedisHashProvider",
     "RedisProvider",
 ]
+
+__getattr__ = lazy_names(
+    "locks.aio",
+    {
+        "AsyncLock": ("locks.aio.handle", None),
+        "AsyncProviderBase": ("locks.aio.base", None),
+        "LocalProvider": ("locks.aio.local", None),
+        "RedisProvider": ("locks.aio.redis", "redis"),
+        "RedisHashProvider": ("locks.aio.redis", "redis"),
+    },
+)
