@@ -2,10 +2,12 @@
 (`locks.keeper`), with the calls that reach a server awaited on the loop and renewal as
 a task (`locks.aio.watchdog`). The owner is the task (`locks.aio.owner`).
 
-Cancellation never leaves a grant behind: an acquire cancelled while its request may
-have reached the server releases whatever that request took, under its own token, before
-the cancellation goes on; a release or renewal under way runs to its end (bounded by the
-socket timeouts) even if its caller is cancelled."""
+Cancellation never leaves a grant behind. Each backend makes its server calls finish on
+the server once started, whatever happens to their caller (Redis writes a request at
+once and reads its reply in the background if the caller is cancelled, undoing an
+acquire's grant on the same connection; the local backend never suspends midway). An
+acquire cancelled after its request went out also has the grant its token may name
+released from here, in the background."""
 
 from __future__ import annotations
 
@@ -15,7 +17,7 @@ import inspect
 import logging
 import time
 from abc import ABC, abstractmethod
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Coroutine, Sequence
 from typing import Any, TypeVar
 
 from locks.aio.handle import MakesAsyncLocks
@@ -116,9 +118,10 @@ class AsyncProviderBase(LeaseKeeper, MakesAsyncLocks, ABC):
                 attempt.key, self._acquire(attempt.key, attempt.owner, token, attempt.ttl, deadline)
             )
         except asyncio.CancelledError:
-            # the request may have reached the server: whatever it took goes first
-            lease = self._unknown_lease(attempt.key, attempt.owner, token)
-            await self._to_the_end(self._release_quietly(lease))
+            # the request may have reached the server: whatever it took goes
+            self._in_background(
+                self._release_quietly(self._unknown_lease(attempt.key, attempt.owner, token))
+            )
             raise
         return self._granted(attempt, grant)
 
@@ -129,9 +132,7 @@ class AsyncProviderBase(LeaseKeeper, MakesAsyncLocks, ABC):
             owner = hold.provider
             assert isinstance(owner, AsyncProviderBase)
             try:
-                released = await owner._to_the_end(
-                    owner._areporting(lease.key, owner._release(hold.anchor))
-                )
+                released = await owner._areporting(lease.key, owner._release(hold.anchor))
             except BackendUnavailable:
                 state.release_failed()  # it may have run: a retry is safe, under the same token
                 raise
@@ -149,8 +150,8 @@ class AsyncProviderBase(LeaseKeeper, MakesAsyncLocks, ABC):
             with hold.lock:
                 target = self._extend_target(lease, hold, new_ttl)
             now = time.monotonic()
-            held = target > 0 and await owner._to_the_end(
-                owner._areporting(lease.key, owner._extend(hold.anchor, target))
+            held = target > 0 and await owner._areporting(
+                lease.key, owner._extend(hold.anchor, target)
             )
             if held and self.capabilities.expires:
                 with hold.lock:
@@ -188,6 +189,7 @@ class AsyncProviderBase(LeaseKeeper, MakesAsyncLocks, ABC):
         grants, stop renewing, free connections."""
         self._closed = True
         self._watchdog.close()
+        await self._background_done()
         await self._end_holds(f"its provider {self.name!r} was closed")
         await self._close_io()
 
@@ -285,20 +287,17 @@ class AsyncProviderBase(LeaseKeeper, MakesAsyncLocks, ABC):
         with contextlib.suppress(LockError):
             await self._areporting(lease.key, self._release(lease))
 
-    async def _to_the_end(self, call: Awaitable[R]) -> R:
-        """Await `call` to its end even if the caller is cancelled meanwhile (a server
-        call that must not be abandoned halfway: a release, a cleanup); the cancellation
-        is raised after it."""
-        task: asyncio.Future[R] = asyncio.ensure_future(call)
+    def _in_background(self, call: Coroutine[Any, Any, object]) -> None:
+        """Run `call` on its own (what must finish whatever happens to its caller);
+        `close` waits for it."""
+        task = asyncio.get_running_loop().create_task(call)
         self._background.add(task)
         task.add_done_callback(self._background.discard)
-        try:
-            return await asyncio.shield(task)
-        except asyncio.CancelledError:
-            if task.cancelled():
-                raise
-            await asyncio.wait([task])  # bounded by the call's own timeouts
-            raise
+
+    async def _background_done(self) -> None:
+        """Wait for what runs in the background (each bounded by its own timeouts)."""
+        while self._background:
+            await asyncio.wait(list(self._background))
 
 
 def _serial(hold: Hold) -> asyncio.Lock:

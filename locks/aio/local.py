@@ -5,10 +5,12 @@ tasks woken through their loop instead of a condition."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 from collections.abc import Hashable
 
 from locks.aio.base import AsyncProviderBase
+from locks.aio.wakeups import new_wakeup, woken_within
 from locks.backends.local import LocalProvider as _ThreadedLocal
 from locks.backends.local import _Namespace, _namespaces
 from locks.keeper import Grant
@@ -42,25 +44,31 @@ class LocalProvider(AsyncProviderBase):
         space = self._space
         entry = space.join(key)
         loop = asyncio.get_running_loop()
+        first = False  # woken by a release: first in line, it tries whoever queues
         try:
             while True:
                 with entry.free:
-                    grant = entry.take(owner, token, space.fences)
-                    if grant is not None:
-                        return grant
+                    if first or not entry.waiting or entry.owner == owner:
+                        grant = entry.take(owner, token, space.fences)
+                        if grant is not None:
+                            return grant
                     remaining = None if deadline is None else deadline - time.monotonic()
                     if remaining is not None and remaining <= 0:
                         break
-                    woken: asyncio.Future[None] = loop.create_future()
-                    entry.waiting.append((loop, woken))
+                    woken = new_wakeup()
+                    # no barging: a task that just released and loops queues behind
+                    # those that waited; one woken but beaten (by a thread) stays first
+                    (entry.waiting.appendleft if first else entry.waiting.append)((loop, woken))
                 try:
-                    await asyncio.wait_for(woken, remaining)
-                except TimeoutError:
-                    pass
-                finally:
+                    first = await woken_within(woken, remaining)
+                except BaseException:
                     with entry.free:
-                        if (loop, woken) in entry.waiting:
-                            entry.waiting.remove((loop, woken))
+                        if woken.done() and not woken.cancelled() and woken.result():
+                            entry.wake_first()  # it leaves with a wake-up it will not use
+                    raise
+                finally:
+                    with entry.free, contextlib.suppress(ValueError):
+                        entry.waiting.remove((loop, woken))
         except BaseException:
             space.leave(key, entry)
             raise

@@ -11,6 +11,9 @@ face's only, and refused here by name."""
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
+import logging
 import math
 import os
 import time
@@ -23,6 +26,7 @@ from redis import exceptions as errors
 
 from locks.aio.base import AsyncProviderBase
 from locks.aio.redis_notify import AsyncNotifier
+from locks.aio.redis_pool import AsyncPool
 from locks.backends.redis import scripts
 from locks.backends.redis.algorithms import (
     DENIED,
@@ -53,6 +57,10 @@ _CONNECTIONS: dict[type[Any], type[Any]] = {
     redis.SSLConnection: aioredis.SSLConnection,
     redis.UnixDomainSocketConnection: aioredis.UnixDomainSocketConnection,
 }
+logger = logging.getLogger("locks")
+
+# a script call that undoes another: (script, KEYS, ARGV)
+Undo = tuple[Script, list[str], list[Any]]
 # the parent's clients, in a forked child (see `after_fork_in_child`)
 _LEFT_BY_PARENT: list[object] = []
 # what the threaded pool's connections take that an asyncio connection must not
@@ -74,7 +82,7 @@ class _AsyncRedisBase(Algorithm, AsyncProviderBase):
         watchdog_ttl: float = 30.0,
         socket_timeout: float = 0.5,
         connect_timeout: float = 0.25,
-        max_connections: int = 50,
+        max_connections: int = 10,
         pool_timeout: float = 5.0,
         fence_ttl: float = 7 * 24 * 3600.0,
         db: int | None = None,
@@ -87,7 +95,11 @@ class _AsyncRedisBase(Algorithm, AsyncProviderBase):
         tls_check_hostname: bool = True,
     ) -> None:
         """As the threaded providers' arguments (`locks.backends.RedisProvider`), for one
-        server; `client` is a `redis.asyncio.Redis`."""
+        server; `client` is a `redis.asyncio.Redis`. `max_connections` bounds the
+        requests in flight, not the tasks (a waiting task holds no connection): the loop
+        runs the replies that come back together one after another, so it is what bounds
+        a busy loop's stalls. 10 kept the p99 loop lag of 1,000 contending tasks near
+        3.5 ms on a 2-core VM (50: 13 ms) for 5 % fewer grants a second."""
         super().__init__(self.type_name if name is None else name, watchdog_ttl)
         tls = tls_settings(tls_ca, tls_cert, tls_key, tls_key_password, tls_check_hostname)
         prefix = check_name(prefix, "prefix")
@@ -168,12 +180,61 @@ class _AsyncRedisBase(Algorithm, AsyncProviderBase):
                  *self._passwords]  # fmt: skip
         return [str(secret) for secret in found if secret]
 
-    async def _run(self, script: Script, keys: list[str], args: list[Any]) -> Any:
-        """`script` by its SHA, sent again in full if the server lost it (a restart)."""
+    async def _run(
+        self, script: Script, keys: list[str], args: list[Any], undo: Undo | None = None
+    ) -> Any:
+        """`script` by its SHA (in full if the server lost it: a restart), straight onto
+        a pooled connection, packed by us: redis-py's `execute_command` costs several
+        times more Python, and with a socket timeout its send is a task of its own.
+
+        The request is written at once, without a suspension, so it runs on the server
+        whatever happens to the caller. A caller cancelled before the reply came leaves
+        the reply to be read in the background, after `undo` (a script call that undoes
+        this one, e.g. an acquire's release) is written behind it on the same connection,
+        where the server runs it after this one, always."""
+        pool = self._client.connection_pool
+        connection = await pool.get_connection()  # type: ignore[no-untyped-call]
         try:
-            return await self._client.evalsha(script.sha, len(keys), *keys, *args)
-        except errors.NoScriptError:
-            return await self._client.eval(script.source, len(keys), *keys, *args)
+            _write(connection, _packed(connection, script, keys, args))
+            try:
+                reply = await connection.read_response(disconnect_on_error=False)
+            except errors.NoScriptError:
+                # the server lost it (a restart): EVAL in full, which caches it again
+                call = connection.pack_command("EVAL", script.source, len(keys), *keys, *args)
+                _write(connection, b"".join(call))
+                reply = await connection.read_response(disconnect_on_error=False)
+        except errors.ResponseError:  # an error reply: the connection is in step
+            await pool.release(connection)
+            raise
+        except asyncio.CancelledError:
+            self._in_background(self._drain(connection, undo))
+            raise
+        except BaseException:
+            await connection.disconnect(nowait=True)  # a reply may still be on its way
+            await pool.release(connection)
+            raise
+        await pool.release(connection)
+        return reply
+
+    async def _drain(self, connection: Any, undo: Undo | None) -> None:
+        """After a cancelled call: `undo` written behind it, both replies read (each
+        within the socket timeout); the connection is then dropped, as its parser may
+        have been stopped inside a reply."""
+        encoder = connection.encoder
+        try:
+            if undo is not None:
+                script, keys, args = undo
+                _write(
+                    connection, script.pack(keys, args, encoder.encoding, encoder.encoding_errors)
+                )
+            for _ in range(1 if undo is None else 2):
+                with contextlib.suppress(errors.ResponseError):
+                    await connection.read_response(disconnect_on_error=False)
+        except Exception as exc:  # gone: the server frees a grant at its ttl
+            logger.debug("%s: reading a cancelled call's reply failed: %s", self.name, exc)
+        finally:
+            await connection.disconnect(nowait=True)
+            await self._client.connection_pool.release(connection)
 
     async def _acquire(
         self, key: str, owner: str, token: str, ttl: float, deadline: float | None
@@ -213,7 +274,9 @@ class _AsyncRedisBase(Algorithm, AsyncProviderBase):
         channel = self._notifier.channel if mark else ""
         args = self._acquire_args(owner, token, ttl_ms, wait_ms, channel)
         try:
-            reply = await self._run(self._acquire_script, [keys.lock, keys.fence], args)
+            # cancelled before its reply, the grant it may bring is released behind it
+            undo = (self._release_script, [keys.lock], [self._value(owner, token), ""])
+            reply = await self._run(self._acquire_script, [keys.lock, keys.fence], args, undo)
         except (*self.driver_errors, *self.unavailable_errors) as exc:
             raise self._error(exc, ambiguous=maybe_sent(exc), key=keys.name, token=token) from exc
         fence, pttl, own = try_outcome(reply)
@@ -320,6 +383,20 @@ class RedisHashProvider(HashAlgorithm, _AsyncRedisBase):
     __doc__ = HashAlgorithm.__doc__
 
 
+def _write(connection: Any, packed: bytes) -> None:
+    """Into the connection's transport, in order, with no suspension (the transport
+    sends it as the socket allows; nothing here ever writes enough to need a drain)."""
+    writer = connection._writer  # redis-py's asyncio connection keeps its StreamWriter here
+    if writer is None:
+        raise errors.ConnectionError("Connection closed by the pool")
+    writer.write(packed)
+
+
+def _packed(connection: Any, script: Script, keys: list[str], args: list[Any]) -> bytes:
+    encoder = connection.encoder
+    return script.pack(keys, args, encoder.encoding, encoder.encoding_errors)
+
+
 def _settings(client: Any, timeouts: Timeouts) -> dict[str, Any]:
     """The pool settings of the threaded client the topology built (no connection made
     yet), for a `redis.asyncio` pool: one place checks and parses the arguments."""
@@ -332,7 +409,7 @@ def _settings(client: Any, timeouts: Timeouts) -> dict[str, Any]:
 
 
 def _client(settings: dict[str, Any]) -> aioredis.Redis:
-    return aioredis.Redis(connection_pool=aioredis.BlockingConnectionPool(**settings))
+    return aioredis.Redis(connection_pool=AsyncPool(**settings))
 
 
 def _address(kwargs: dict[str, Any]) -> str:

@@ -21,6 +21,7 @@ from collections import deque
 from collections.abc import Awaitable, Callable
 from typing import Any
 
+from locks.aio.wakeups import new_wakeup, wake, woken_within
 from locks.errors import AccessDenied, LockError
 from locks.forking import start_afresh_when_forked
 
@@ -51,7 +52,7 @@ class AsyncNotifier:
 
     def _reset(self) -> None:
         self.channel = f"{self._prefix}:wake:{uuid.uuid4().hex}"  # a forked child's own
-        self._waiters: dict[str, deque[asyncio.Future[None]]] = {}
+        self._waiters: dict[str, deque[asyncio.Future[bool]]] = {}
         self._kept: dict[str, float] = {}  # lock -> when a wake-up for nobody came
         self._task: asyncio.Task[None] | None = None
         self._subscribed: asyncio.Event | None = None
@@ -87,15 +88,13 @@ class AsyncNotifier:
         kept = self._kept.pop(lock, None)
         if kept is not None and time.monotonic() - kept < _KEEP_FOR:
             return  # a release came just before this waiter was counted
-        woken: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        woken = new_wakeup()
         queue = self._waiters.setdefault(lock, deque())
         queue.append(woken)
         try:
-            await asyncio.wait_for(woken, timeout)
-        except TimeoutError:
-            pass
+            await woken_within(woken, timeout)
         except asyncio.CancelledError:
-            if woken.done() and not woken.cancelled():
+            if woken.done() and not woken.cancelled() and woken.result():
                 self._woke_nobody(lock)  # it leaves with a wake-up it did not use
             raise
         finally:
@@ -107,13 +106,11 @@ class AsyncNotifier:
     def wake_local(self, lock: str) -> None:
         """Wake this provider's waiters on `lock` (an operator's break here)."""
         for woken in self._waiters.get(lock, ()):
-            if not woken.done():
-                woken.set_result(None)
+            wake(woken)
 
     def _released(self, lock: str) -> None:
         for woken in self._waiters.get(lock, ()):
-            if not woken.done():
-                woken.set_result(None)
+            if wake(woken):
                 return
         self._woke_nobody(lock)
 
@@ -170,8 +167,7 @@ class AsyncNotifier:
     def _wake_all(self) -> None:
         for queue in self._waiters.values():
             for woken in queue:
-                if not woken.done():
-                    woken.set_result(None)
+                wake(woken)
 
     async def close(self) -> None:
         self._wake_all()

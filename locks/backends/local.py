@@ -13,11 +13,13 @@ what they held, do not exist there.
 from __future__ import annotations
 
 import asyncio
+import collections
 import itertools
 import threading
 import time
 from collections.abc import Hashable, Iterator
 
+from locks.aio.wakeups import wake
 from locks.base import Grant, ProviderBase
 from locks.forking import start_afresh_when_forked
 from locks.provider import Capabilities, Holder, Lease
@@ -32,8 +34,10 @@ class _Entry:
         self.token = ""
         self.fence = 0
         self.users = 0  # outstanding grants plus waiters; 0 means removable
-        # tasks waiting (locks.aio): each one's loop and future, woken on release
-        self.waiting: list[tuple[asyncio.AbstractEventLoop, asyncio.Future[None]]] = []
+        # tasks waiting (locks.aio), first come first served: each one's loop and
+        # future; a release wakes the first
+        self.waiting: collections.deque[tuple[asyncio.AbstractEventLoop, asyncio.Future[bool]]]
+        self.waiting = collections.deque()
 
     def take(self, owner: str, token: str, fences: Iterator[int]) -> Grant | None:
         """Under `free`: the grant if nobody else holds the key (a grant of this owner
@@ -47,20 +51,19 @@ class _Entry:
 
     def give_back(self, token: str) -> bool:
         """Under `free`: end the grant made under `token`, waking a waiting thread and
-        the waiting tasks; False if it is not the grant held."""
+        the first waiting task; False if it is not the grant held."""
         if self.token != token or self.owner is None:
             return False
         self.owner, self.token = None, ""
         self.free.notify()
-        waiting, self.waiting = self.waiting, []
-        for loop, woken in waiting:
-            loop.call_soon_threadsafe(_set, woken)
+        self.wake_first()
         return True
 
-
-def _set(woken: asyncio.Future[None]) -> None:
-    if not woken.done():
-        woken.set_result(None)
+    def wake_first(self) -> None:
+        """Under `free`: wake the first waiting task (which then tries first)."""
+        if self.waiting:
+            loop, woken = self.waiting.popleft()
+            loop.call_soon_threadsafe(wake, woken)
 
 
 class _Namespace:
