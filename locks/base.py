@@ -213,16 +213,6 @@ class ProviderBase(LeaseKeeper, MakesLocks, ABC):
         key = check_name(key)
         return self._broke(key, self._reporting(key, self._break, key), by)
 
-    def bound(self, lease: Lease, seconds: float) -> None:
-        """End `lease`'s hold (every level) `seconds` after it was granted, however it was
-        asked for: no level stays valid past then, renewals stop there, and its grant is
-        released. A safe-mode chain bounds the grants of its lower tiers this way."""
-        hold, watch = self._bound_hold(lease, seconds)
-        if watch and hold.limit is not None:  # a hold that is not renewed is visited once
-            owner = hold.provider
-            assert isinstance(owner, ProviderBase)
-            owner._watchdog.watch(hold, hold.limit)
-
     def close(self) -> None:
         """End every lease this provider granted (their `on_lost` callbacks run), release
         their grants where the server keeps them, stop renewing, free connections."""

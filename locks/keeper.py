@@ -409,9 +409,11 @@ class LeaseKeeper:
         emit_broken(self.name, key, by, broken)
         return broken
 
-    def _bound_hold(self, lease: Lease, seconds: float) -> tuple[Hold, bool]:
-        """`bound`'s bookkeeping: the hold, and whether its watchdog must now visit it
-        (once, at its bound)."""
+    def bound(self, lease: Lease, seconds: float) -> None:
+        """End `lease`'s hold (every level) `seconds` after it was granted, however it was
+        asked for: no level stays valid past then, renewals stop there, and its grant is
+        released. A safe-mode chain bounds the grants of its lower tiers this way. No I/O:
+        the hold's watchdog visits it at its bound."""
         seconds = check_seconds(seconds, "seconds")
         hold = hold_of(lease, Hold)
         with hold.lock:
@@ -422,7 +424,8 @@ class LeaseKeeper:
                 level.state.valid_until = hold.limit if until is None else min(until, hold.limit)
             watch = not hold.watched and not hold.ending
             hold.watched = hold.watched or watch
-        return hold, watch
+        if watch:  # a hold that is not renewed is visited once, at its bound
+            hold.provider._watchdog.watch(hold, hold.limit)
 
     def _renewed(self, renewal: Renewal) -> tuple[float | None, bool]:
         """A renewal's outcome, acted on outside the hold's lock: the next renewal (None:

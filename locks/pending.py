@@ -7,11 +7,13 @@ from __future__ import annotations
 
 import logging
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from locks.errors import BackendUnavailable, LockNotOwned
 from locks.forking import start_afresh_when_forked
 from locks.provider import Lease, LockProvider
+from locks.steps import Steps, call, run
 
 logger = logging.getLogger("locks")
 
@@ -27,9 +29,12 @@ class Pending:
 
 
 class PendingReleases:
-    """The queues, one per backend name."""
+    """The queues, one per backend name. `start` runs a flush (`flush_steps`) apart from
+    the caller, who is on a lock's hot path: a thread of its own by default; the asyncio
+    face starts a task."""
 
-    def __init__(self) -> None:
+    def __init__(self, start: Callable[[Steps[None]], object] | None = None) -> None:
+        self._start = _on_a_thread if start is None else start
         self._reset()
         start_afresh_when_forked(self)
 
@@ -48,28 +53,33 @@ class PendingReleases:
         with self._lock:
             return len(self._queues.get(backend, ()))
 
-    def answered(self, provider: LockProvider) -> None:
-        """`provider` answered: send what waits for it, on a thread of its own (the
-        caller is on a lock's hot path). No lock taken when nothing waits."""
-        if self._queues.get(provider.name):
-            threading.Thread(target=self.flush, args=(provider,), daemon=True).start()
+    def answered(self, provider: object) -> None:
+        """`provider` answered: send what waits for it. No lock taken when nothing waits."""
+        if self._queues.get(getattr(provider, "name", "")):
+            self._start(self.flush_steps(provider))
 
     def flush(self, provider: LockProvider) -> None:
+        run(self.flush_steps(provider))
+
+    def flush_steps(self, provider: object) -> Steps[None]:
+        name = getattr(provider, "name", "")
         with self._lock:
-            batch, self._queues[provider.name] = self._queues.get(provider.name, []), []
+            batch, self._queues[name] = self._queues.get(name, []), []
         for index, item in enumerate(batch):
             try:
                 if item.lease is not None:
-                    provider.release(item.lease)
-                else:
-                    release_token = getattr(provider, "release_token", None)
-                    if release_token is not None:
-                        release_token(item.key, item.owner, item.token)
+                    yield from call(provider, "release", item.lease)
+                elif hasattr(provider, "release_token"):
+                    yield from call(provider, "release_token", item.key, item.owner, item.token)
             except LockNotOwned:
                 continue  # it expired meanwhile: nothing left to release
             except BackendUnavailable:
                 with self._lock:
-                    self._queues[provider.name][:0] = batch[index:]
+                    self._queues[name][:0] = batch[index:]
                 return
             except Exception:  # a provider closed meanwhile, or a bug: said, never raised
-                logger.exception("a queued release on %r failed", provider.name)
+                logger.exception("a queued release on %r failed", name)
+
+
+def _on_a_thread(steps: Steps[None]) -> None:
+    threading.Thread(target=run, args=(steps,), daemon=True).start()
