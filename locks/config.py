@@ -89,6 +89,14 @@ def from_config(
     environ: Mapping[str, str] | None = None,
 ) -> Registry:
     """Build a `Registry` from a TOML file path or an already parsed mapping."""
+    data, env = _read(source, environ)
+    return Registry(_interpolate(data, env, ""), env)
+
+
+def _read(
+    source: str | os.PathLike[str] | Mapping[str, Any], environ: Mapping[str, str] | None
+) -> tuple[Mapping[str, Any], Mapping[str, str]]:
+    """The config's mapping (a TOML file read, or the mapping given) and its environment."""
     if isinstance(source, Mapping):
         data: Mapping[str, Any] = source
     else:
@@ -96,8 +104,7 @@ def from_config(
             data = tomllib.loads(Path(source).read_text())
         except (OSError, tomllib.TOMLDecodeError) as exc:
             raise ConfigError(f"cannot read config {os.fspath(source)!r}: {exc}") from exc
-    env = os.environ if environ is None else environ
-    return Registry(_interpolate(data, env, ""), env)
+    return data, os.environ if environ is None else environ
 
 
 def _interpolate(value: Any, env: Mapping[str, str], where: str) -> Any:
@@ -154,6 +161,8 @@ def _is_quorum(spec: Any) -> bool:
 class Registry:
     """The configured backends, one chain per scenario, and the shared switch."""
 
+    chain_class: Any = FallbackChain  # the asyncio registry builds its face's chains
+
     def __init__(self, data: Mapping[str, Any], environ: Mapping[str, str]) -> None:
         _unknown(data, _TOP_KEYS, "")
         self._backends: dict[str, LockProvider] = {}
@@ -171,7 +180,7 @@ class Registry:
                 for name, spec in _table(data, "scenarios", "scenarios").items()
             }
         except BaseException:
-            self.close()
+            self._abandon()
             raise
 
     # -- building --------------------------------------------------------------------------
@@ -185,7 +194,7 @@ class Registry:
         if type_name not in types:
             raise ConfigError(f"{where}.type: unknown backend type {type_name!r} "
                               f"(known: {', '.join(sorted(types))})")  # fmt: skip
-        cls = _load_class(types[type_name], f"{where}.type")
+        cls = _load_class(self._class_of(type_name, types[type_name], where), f"{where}.type")
         parameters = inspect.signature(cls).parameters
         if not any(p.kind is p.VAR_KEYWORD for p in parameters.values()):
             accepted = {p for p in parameters if p != "name"}
@@ -195,6 +204,10 @@ class Registry:
         except Exception as exc:  # whatever a backend class raises, the config is at fault
             raise ConfigError(f"{_place(where, exc, options)}: {exc}") from exc
         return provider
+
+    def _class_of(self, type_name: str, spec: str, where: str) -> str:
+        """The `module:Class` that serves `type_name` here."""
+        return spec
 
     def _make_quorum(
         self, name: str, spec: Mapping[str, Any], where: str, quorums: Mapping[str, Any]
@@ -275,7 +288,7 @@ class Registry:
                 reraise=True,
             )
             breaker = Breaker(settings.get("failures", 1), settings.get("reset_timeout", 5.0))
-            return FallbackChain(
+            chain: FallbackChain = self.chain_class(
                 [self._backends[tier] for tier in tiers],
                 name=name,
                 mode=settings.get("mode", "fast"),
@@ -286,6 +299,7 @@ class Registry:
             )
         except (TypeError, ValueError) as exc:
             raise ConfigError(f"{_place(where, exc, settings)}: {exc}") from exc
+        return chain
 
     # -- using -------------------------------------------------------------------------------
 
@@ -327,6 +341,10 @@ class Registry:
 
     def __iter__(self) -> Iterator[str]:
         return iter(self._backends)
+
+    def _abandon(self) -> None:
+        """A config that failed half-way: free what was made."""
+        self.close()
 
     def close(self) -> None:
         for provider in self._backends.values():

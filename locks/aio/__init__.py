@@ -15,6 +15,8 @@ from locks.lazy import lazy_names
 
 if TYPE_CHECKING:
     from locks.aio.base import AsyncProviderBase
+    from locks.aio.chain import FallbackChain
+    from locks.aio.config import AsyncRegistry, from_config
     from locks.aio.handle import AsyncLock
     from locks.aio.local import LocalProvider
     from locks.aio.redis import RedisHashProvider, RedisProvider
@@ -22,9 +24,12 @@ if TYPE_CHECKING:
 __all__ = [
     "AsyncLock",
     "AsyncProviderBase",
+    "AsyncRegistry",
+    "FallbackChain",
     "LocalProvider",
     "RedisHashProvider",
     "RedisProvider",
+    "from_config",
 ]
 
 __getattr__ = lazy_names(
@@ -32,6 +37,9 @@ __getattr__ = lazy_names(
     {
         "AsyncLock": ("locks.aio.handle", None),
         "AsyncProviderBase": ("locks.aio.base", None),
+        "FallbackChain": ("locks.aio.chain", None),
+        "AsyncRegistry": ("locks.aio.config", None),
+        "from_config": ("locks.aio.config", None),
         "LocalProvider": ("locks.aio.local", None),
         "RedisProvider": ("locks.aio.redis", "redis"),
         "RedisHashProvider": ("locks.aio.redis", "redis"),
