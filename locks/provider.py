@@ -13,7 +13,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from enum import Enum
 from types import TracebackType
-from typing import ParamSpec, Protocol, TypeVar, cast, runtime_checkable
+from typing import Any, ParamSpec, Protocol, TypeVar, cast, runtime_checkable
 
 from locks.errors import LockLost, LockNotOwned, LockTimeout
 from locks.names import check_name, check_ttl, check_wait
@@ -230,12 +230,57 @@ class _Default(Enum):
     WAIT = "the handle's wait"
 
 
-class Lock:
+class Handle:
+    """What both faces' lock handles share: their arguments, checked before any I/O,
+    and what a `with` block that got nothing raises."""
+
+    owner_kind = "thread"  # who holds a lease through the handle
+    block = "with"
+
+    def __init__(
+        self,
+        provider: Any,
+        key: str,
+        *,
+        ttl: float | None = None,
+        wait: float | None = None,
+        on_lost: Any = None,
+    ) -> None:
+        self.provider = provider
+        self.key = check_name(key)
+        self.ttl = check_ttl(ttl)
+        self.wait = check_wait(wait)
+        self.on_lost = on_lost
+
+    def __repr__(self) -> str:
+        return (
+            f"{type(self).__name__}({self.key!r}, provider={self.provider.name!r}, "
+            f"ttl={self.ttl}, wait={self.wait})"
+        )
+
+    def _timed_out(self, mine: bool) -> LockTimeout:
+        """The error of a `with` whose acquire got nothing; `mine`: the caller held the
+        lock through this handle already."""
+        where = f"{self.key!r} on {self.provider.name!r}"
+        if mine and not self.provider.capabilities.reentrant:
+            return LockTimeout(
+                f"{where} is already held by this {self.owner_kind}, and "
+                f"{self.provider.name!r} is not reentrant: a nested `{self.block}` cannot "
+                "take it again"
+            )
+        return LockTimeout(
+            f"{where} stayed held by another owner for the whole wait of {self.wait} s"
+        )
+
+
+class Lock(Handle):
     """A named lock bound to a provider, used as `with provider.lock("order:1", wait=2) as lease:`.
 
     One handle may be shared by threads like a `threading.Lock`: each thread's leases
     are kept apart, and nested `with` blocks on a reentrant backend nest.
     """
+
+    provider: LockProvider
 
     def __init__(
         self,
@@ -246,17 +291,8 @@ class Lock:
         wait: float | None = None,
         on_lost: LostCallback | None = None,
     ) -> None:
-        self.provider = provider
-        self.key = check_name(key)
-        self.ttl = check_ttl(ttl)
-        self.wait = check_wait(wait)
-        self.on_lost = on_lost
+        super().__init__(provider, key, ttl=ttl, wait=wait, on_lost=on_lost)
         self._held = threading.local()
-
-    def __repr__(self) -> str:
-        return (
-            f"Lock({self.key!r}, provider={self.provider.name!r}, ttl={self.ttl}, wait={self.wait})"
-        )
 
     def _stack(self) -> list[Lease]:
         stack: list[Lease] | None = getattr(self._held, "leases", None)
@@ -320,15 +356,7 @@ class Lock:
         mine = bool(self._stack())  # this thread holds it through this handle already
         lease = self.acquire()
         if lease is None:
-            where = f"{self.key!r} on {self.provider.name!r}"
-            if mine and not self.provider.capabilities.reentrant:
-                raise LockTimeout(
-                    f"{where} is already held by this thread, and {self.provider.name!r} "
-                    "is not reentrant: a nested `with` cannot take it again"
-                )
-            raise LockTimeout(
-                f"{where} stayed held by another owner for the whole wait of {self.wait} s"
-            )
+            raise self._timed_out(mine)
         return lease
 
     def __exit__(

@@ -10,9 +10,8 @@ from types import TracebackType
 from typing import TYPE_CHECKING, Any, ParamSpec, TypeVar
 
 from locks.aio.owner import task_owner
-from locks.errors import LockTimeout
-from locks.names import check_name, check_ttl, check_wait
-from locks.provider import Lease, key_maker
+from locks.names import check_ttl, check_wait
+from locks.provider import Handle, Lease, key_maker
 
 if TYPE_CHECKING:
     from locks.aio.base import AsyncLostCallback, AsyncProviderBase
@@ -28,10 +27,14 @@ class _Wait:
 _HANDLE_WAIT = _Wait()
 
 
-class AsyncLock:
+class AsyncLock(Handle):
     """A named lock bound to an async provider. One handle may be shared by tasks: each
     task's leases are kept apart (the owner is the task), and nested `async with`
     blocks on a reentrant backend nest."""
+
+    owner_kind = "task"
+    block = "async with"
+    provider: AsyncProviderBase
 
     def __init__(
         self,
@@ -42,18 +45,8 @@ class AsyncLock:
         wait: float | None = None,
         on_lost: AsyncLostCallback | None = None,
     ) -> None:
-        self.provider = provider
-        self.key = check_name(key)
-        self.ttl = check_ttl(ttl)
-        self.wait = check_wait(wait)
-        self.on_lost = on_lost
+        super().__init__(provider, key, ttl=ttl, wait=wait, on_lost=on_lost)
         self._held: dict[str, list[Lease]] = {}  # by task owner: its leases, innermost last
-
-    def __repr__(self) -> str:
-        return (
-            f"AsyncLock({self.key!r}, provider={self.provider.name!r}, ttl={self.ttl}, "
-            f"wait={self.wait})"
-        )
 
     @property
     def lease(self) -> Lease | None:
@@ -103,15 +96,7 @@ class AsyncLock:
         mine = self.lease is not None
         lease = await self.acquire()
         if lease is None:
-            where = f"{self.key!r} on {self.provider.name!r}"
-            if mine and not self.provider.capabilities.reentrant:
-                raise LockTimeout(
-                    f"{where} is already held by this task, and {self.provider.name!r} "
-                    "is not reentrant: a nested `async with` cannot take it again"
-                )
-            raise LockTimeout(
-                f"{where} stayed held by another owner for the whole wait of {self.wait} s"
-            )
+            raise self._timed_out(mine)
         return lease
 
     async def __aexit__(

@@ -7,36 +7,16 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import Hashable
 
 from locks.aio.base import AsyncProviderBase
 from locks.aio.wakeups import new_wakeup, woken_within
-from locks.backends.local import LocalProvider as _ThreadedLocal
-from locks.backends.local import _Namespace, _namespaces
+from locks.backends.local import InProcess
 from locks.keeper import Grant
 from locks.provider import Holder, Lease
 
 
-class LocalProvider(AsyncProviderBase):
+class LocalProvider(InProcess, AsyncProviderBase):
     """Type `local`: reentrant per task, never expires, one process only."""
-
-    type_name = "local"
-    capabilities = _ThreadedLocal.capabilities
-
-    def __init__(self, name: str = "local") -> None:
-        super().__init__(name)
-        self.address = "this process"
-
-    @property
-    def _space(self) -> _Namespace:
-        return _namespaces.get(self.name)  # looked up each time: a fork replaces it
-
-    def __len__(self) -> int:
-        """How many keys are held or waited for right now, in this provider's namespace."""
-        return len(self._space.entries)
-
-    def _domain(self) -> Hashable:
-        return ("local", self.name)
 
     async def _acquire(
         self, key: str, owner: str, token: str, ttl: float, deadline: float | None

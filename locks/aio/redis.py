@@ -27,7 +27,6 @@ from redis import exceptions as errors
 from locks.aio.base import AsyncProviderBase
 from locks.aio.redis_notify import AsyncNotifier
 from locks.aio.redis_pool import AsyncPool
-from locks.backends.redis import scripts
 from locks.backends.redis.algorithms import (
     DENIED,
     UNAVAILABLE,
@@ -35,6 +34,7 @@ from locks.backends.redis.algorithms import (
     HashAlgorithm,
     Keys,
     PlainAlgorithm,
+    checked,
     keys_of,
     maybe_sent,
     ms,
@@ -47,7 +47,7 @@ from locks.backends.redis.scripts import Script
 from locks.backends.redis.topology import DEFAULT_URL, Timeouts, topology
 from locks.errors import AccessDenied, BackendError, BackendUnavailable, LockError
 from locks.keeper import Grant
-from locks.names import check_count, check_name, check_seconds
+from locks.names import check_name
 from locks.provider import Holder, Lease
 from locks.tls import tls_settings
 
@@ -102,16 +102,8 @@ class _AsyncRedisBase(Algorithm, AsyncProviderBase):
         3.5 ms on a 2-core VM (50: 13 ms) for 5 % fewer grants a second."""
         super().__init__(self.type_name if name is None else name, watchdog_ttl)
         tls = tls_settings(tls_ca, tls_cert, tls_key, tls_key_password, tls_check_hostname)
-        prefix = check_name(prefix, "prefix")
-        if "{" in prefix or "}" in prefix:
-            raise ValueError("prefix must not contain '{' or '}': they would move the hash tag")
-        self.prefix = prefix
-        self.fence_ttl_ms = ms(check_seconds(fence_ttl, "fence_ttl"))
-        timeouts = Timeouts(
-            socket=check_seconds(socket_timeout, "socket_timeout"),
-            connect=check_seconds(connect_timeout, "connect_timeout"),
-            max_connections=check_count(max_connections, "max_connections"),
-            pool=check_seconds(pool_timeout, "pool_timeout"),
+        self.prefix, self.fence_ttl_ms, timeouts = checked(
+            prefix, fence_ttl, socket_timeout, connect_timeout, max_connections, pool_timeout
         )
         self._socket_timeout = timeouts.socket
         if client is not None:
@@ -139,13 +131,6 @@ class _AsyncRedisBase(Algorithm, AsyncProviderBase):
             self._db, self.address = threaded.db, threaded.address
             self._passwords = threaded.secrets()
         self._notifier = AsyncNotifier(self._pubsub, prefix, self._pass_on, self._error)
-        self._acquire_script = Script(self.acquire_lua)
-        self._release_script = Script(self.release_lua)
-        self._extend_script = Script(self.extend_lua)
-        self._holder_script = Script(scripts.READ_HOLDER)
-        self._break_script = Script(scripts.BREAK)
-        self._raise_fence_script = Script(scripts.RAISE_FENCE)
-        self._pass_on_script = Script(scripts.PASS_ON)
 
     def after_fork_in_child(self) -> None:
         # the pool's connections and its condition belong to the parent and its loop:
@@ -275,8 +260,8 @@ class _AsyncRedisBase(Algorithm, AsyncProviderBase):
         args = self._acquire_args(owner, token, ttl_ms, wait_ms, channel)
         try:
             # cancelled before its reply, the grant it may bring is released behind it
-            undo = (self._release_script, [keys.lock], [self._value(owner, token), ""])
-            reply = await self._run(self._acquire_script, [keys.lock, keys.fence], args, undo)
+            undo = (self.release_script, [keys.lock], [self._value(owner, token), ""])
+            reply = await self._run(self.acquire_script, [keys.lock, keys.fence], args, undo)
         except (*self.driver_errors, *self.unavailable_errors) as exc:
             raise self._error(exc, ambiguous=maybe_sent(exc), key=keys.name, token=token) from exc
         fence, pttl, own = try_outcome(reply)
@@ -293,24 +278,24 @@ class _AsyncRedisBase(Algorithm, AsyncProviderBase):
         local = self._notifier.channel if self._notifier.waits_on(keys.lock) else ""
         args = [self._value(lease.owner, lease.token), local]
         with self._translated():
-            return bool(await self._run(self._release_script, [keys.lock], args) == 1)
+            return bool(await self._run(self.release_script, [keys.lock], args) == 1)
 
     async def _pass_on(self, lock: str) -> None:
         """A wake-up this process had no use for goes to the next waiting process."""
         with self._translated():
-            await self._run(self._pass_on_script, [lock], [])
+            await self._run(self.pass_on_script, [lock], [])
 
     async def _extend(self, lease: Lease, ttl: float) -> bool:
         args = [self._value(lease.owner, lease.token), ms(ttl)]
         with self._translated():
             lock = self._keys(lease.key).lock
-            return bool(await self._run(self._extend_script, [lock], args) == 1)
+            return bool(await self._run(self.extend_script, [lock], args) == 1)
 
     async def _extend_many(self, requests: Sequence[tuple[Lease, float]]) -> list[bool | None]:
         """The watchdog's extends in one pipeline: one round trip for hundreds."""
         if len(requests) < 2:
             return await super()._extend_many(requests)
-        script = self._extend_script
+        script = self.extend_script
         calls: list[tuple[list[str], list[Any]]] = [
             ([self._keys(lease.key).lock], [self._value(lease.owner, lease.token), ms(ttl)])
             for lease, ttl in requests
@@ -348,19 +333,19 @@ class _AsyncRedisBase(Algorithm, AsyncProviderBase):
         if isinstance(floor, bool) or not isinstance(floor, int) or not 0 <= floor < 2**53:
             raise ValueError(f"floor must be an int from 0 to 2**53, got {floor!r}")
         with self._translated():
-            await self._run(self._raise_fence_script, [self._keys(key).fence],
+            await self._run(self.raise_fence_script, [self._keys(key).fence],
                             [floor, self.fence_ttl_ms])  # fmt: skip
 
     async def _holder(self, key: str) -> Holder | None:
         keys = self._keys(key)
         with self._translated():
-            reply = await self._run(self._holder_script, [keys.lock, keys.fence], [])
+            reply = await self._run(self.holder_script, [keys.lock, keys.fence], [])
         return read_holder(self.name, key, reply)
 
     async def _break(self, key: str) -> Holder | None:
         keys = self._keys(key)
         with self._translated():
-            reply = await self._run(self._break_script, [keys.lock, keys.fence], [])
+            reply = await self._run(self.break_script, [keys.lock, keys.fence], [])
         self._notifier.wake_local(keys.lock)
         return read_holder(self.name, key, reply)
 

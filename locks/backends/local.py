@@ -22,6 +22,7 @@ from collections.abc import Hashable, Iterator
 from locks.aio.wakeups import wake
 from locks.base import Grant, ProviderBase
 from locks.forking import start_afresh_when_forked
+from locks.keeper import LeaseKeeper
 from locks.provider import Capabilities, Holder, Lease
 
 
@@ -137,11 +138,11 @@ class _Namespaces:
 _namespaces = _Namespaces()
 
 
-class LocalProvider(ProviderBase):
-    """Type `local`: reentrant, thread-bound, never expires, one process only."""
+class InProcess(LeaseKeeper):
+    """What both faces' local providers share: the type, and their namespace."""
 
     type_name = "local"
-
+    address = "this process"
     capabilities = Capabilities(
         reentrant=True,
         expires=False,
@@ -154,7 +155,6 @@ class LocalProvider(ProviderBase):
 
     def __init__(self, name: str = "local") -> None:
         super().__init__(name)
-        self.address = "this process"
 
     @property
     def _space(self) -> _Namespace:
@@ -166,6 +166,10 @@ class LocalProvider(ProviderBase):
 
     def _domain(self) -> Hashable:
         return ("local", self.name)
+
+
+class LocalProvider(InProcess, ProviderBase):
+    """Type `local`: reentrant, thread-bound, never expires, one process only."""
 
     def _acquire(
         self, key: str, owner: str, token: str, ttl: float, deadline: float | None

@@ -4,6 +4,7 @@ algorithms' arguments and replies, the keys of a lock, and how Redis's errors so
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
@@ -13,7 +14,9 @@ from redis import exceptions as errors
 from redis.sentinel import MasterNotFoundError
 
 from locks.backends.redis import scripts
-from locks.names import redis_hash_tag
+from locks.backends.redis.scripts import Script
+from locks.backends.redis.topology import Timeouts
+from locks.names import check_count, check_name, check_seconds, redis_hash_tag
 from locks.provider import Capabilities, Holder, Lease
 from locks.tls import error_chain
 
@@ -43,6 +46,28 @@ class Keys:
     lock: str
     fence: str
     waiters: str  # the channels of processes waiting, for the release to wake (scripts.py)
+
+
+def checked(  # noqa: PLR0917 - the providers' own arguments, passed on as they came
+    prefix: str,
+    fence_ttl: float,
+    socket_timeout: float,
+    connect_timeout: float,
+    max_connections: int,
+    pool_timeout: float,
+) -> tuple[str, int, Timeouts]:
+    """Both faces' arguments that are not the topology's, checked before any I/O: the
+    key prefix, the fence counters' ttl in ms, the timeouts."""
+    prefix = check_name(prefix, "prefix")
+    if "{" in prefix or "}" in prefix:
+        raise ValueError("prefix must not contain '{' or '}': they would move the hash tag")
+    timeouts = Timeouts(
+        socket=check_seconds(socket_timeout, "socket_timeout"),
+        connect=check_seconds(connect_timeout, "connect_timeout"),
+        max_connections=check_count(max_connections, "max_connections"),
+        pool=check_seconds(pool_timeout, "pool_timeout"),
+    )
+    return prefix, ms(check_seconds(fence_ttl, "fence_ttl")), timeouts
 
 
 def refused(error: BaseException) -> bool:
@@ -84,9 +109,14 @@ class Algorithm(ABC):
     """One of the two lock types' scripts and what they take and store."""
 
     fence_ttl_ms: int
-    acquire_lua: ClassVar[str]
-    release_lua: ClassVar[str]
-    extend_lua: ClassVar[str]
+    # the scripts, one object per class (each caches its packed heads)
+    acquire_script: ClassVar[Script]
+    release_script: ClassVar[Script]
+    extend_script: ClassVar[Script]
+    holder_script = Script(scripts.READ_HOLDER)
+    break_script = Script(scripts.BREAK)
+    raise_fence_script = Script(scripts.RAISE_FENCE)
+    pass_on_script = Script(scripts.PASS_ON)
 
     @abstractmethod
     def _acquire_args(
@@ -124,9 +154,9 @@ class PlainAlgorithm(Algorithm):
         cross_host=True,
     )
 
-    acquire_lua = scripts.PLAIN_ACQUIRE
-    release_lua = scripts.PLAIN_RELEASE
-    extend_lua = scripts.PLAIN_EXTEND
+    acquire_script = Script(scripts.PLAIN_ACQUIRE)
+    release_script = Script(scripts.PLAIN_RELEASE)
+    extend_script = Script(scripts.PLAIN_EXTEND)
 
     def _acquire_args(
         self, owner: str, token: str, ttl_ms: int, wait_ms: int, channel: str
@@ -150,19 +180,11 @@ class HashAlgorithm(Algorithm):
     of a provider, shared by the threaded and asyncio faces."""
 
     type_name = "redis-hash"
-    capabilities = Capabilities(
-        reentrant=True,
-        expires=True,
-        renewable=True,
-        fair=False,
-        fenced=True,
-        cross_process=True,
-        cross_host=True,
-    )
+    capabilities = dataclasses.replace(PlainAlgorithm.capabilities, reentrant=True)
 
-    acquire_lua = scripts.HASH_ACQUIRE
-    release_lua = scripts.HASH_RELEASE
-    extend_lua = scripts.HASH_EXTEND
+    acquire_script = Script(scripts.HASH_ACQUIRE)
+    release_script = Script(scripts.HASH_RELEASE)
+    extend_script = Script(scripts.HASH_EXTEND)
 
     def _acquire_args(
         self, owner: str, token: str, ttl_ms: int, wait_ms: int, channel: str

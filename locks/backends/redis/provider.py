@@ -18,7 +18,6 @@ from typing import Any
 import redis
 from redis import exceptions as errors
 
-from locks.backends.redis import scripts
 from locks.backends.redis.algorithms import (
     DENIED,
     UNAVAILABLE,
@@ -26,6 +25,7 @@ from locks.backends.redis.algorithms import (
     HashAlgorithm,
     Keys,
     PlainAlgorithm,
+    checked,
     keys_of,
     maybe_sent,
     ms,
@@ -37,11 +37,11 @@ from locks.backends.redis.algorithms import (
 from locks.backends.redis.notify import NO_RESULT, ReleaseNotifier
 from locks.backends.redis.runs import RunWatch
 from locks.backends.redis.scripts import Script
-from locks.backends.redis.topology import DEFAULT_URL, Client, Timeouts, replica_sync, topology
+from locks.backends.redis.topology import DEFAULT_URL, Client, replica_sync, topology
 from locks.base import Grant, ProviderBase
 from locks.errors import AccessDenied, BackendError, BackendUnavailable, LockError
 from locks.holds import Hold
-from locks.names import check_count, check_name, check_seconds
+from locks.names import check_name
 from locks.provider import Holder, Lease
 from locks.tls import error_chain, tls_settings
 
@@ -99,16 +99,8 @@ class _RedisProviderBase(Algorithm, ProviderBase):
         refusing ours, is `AccessDenied`, never an outage."""
         super().__init__(self.type_name if name is None else name, watchdog_ttl)
         tls = tls_settings(tls_ca, tls_cert, tls_key, tls_key_password, tls_check_hostname)
-        prefix = check_name(prefix, "prefix")
-        if "{" in prefix or "}" in prefix:
-            raise ValueError("prefix must not contain '{' or '}': they would move the hash tag")
-        self.prefix = prefix
-        self.fence_ttl_ms = ms(check_seconds(fence_ttl, "fence_ttl"))
-        timeouts = Timeouts(
-            socket=check_seconds(socket_timeout, "socket_timeout"),
-            connect=check_seconds(connect_timeout, "connect_timeout"),
-            max_connections=check_count(max_connections, "max_connections"),
-            pool=check_seconds(pool_timeout, "pool_timeout"),
+        self.prefix, self.fence_ttl_ms, timeouts = checked(
+            prefix, fence_ttl, socket_timeout, connect_timeout, max_connections, pool_timeout
         )
         self._sync = replica_sync(sync_replicas, sync_timeout, sync_aof, timeouts.socket)
         self.sync_replicas = sync_replicas
@@ -122,13 +114,6 @@ class _RedisProviderBase(Algorithm, ProviderBase):
         self._notifier = ReleaseNotifier(
             self.topology.client, self._error, timeouts.socket, prefix, self._pass_on
         )
-        self._acquire_script = Script(self.acquire_lua)
-        self._release_script = Script(self.release_lua)
-        self._extend_script = Script(self.extend_lua)
-        self._holder_script = Script(scripts.READ_HOLDER)
-        self._break_script = Script(scripts.BREAK)
-        self._raise_fence_script = Script(scripts.RAISE_FENCE)
-        self._pass_on_script = Script(scripts.PASS_ON)
         self._answering = False  # the last acquire had an answer: see `splits`
         self._runs = RunWatch(self._where(), self.topology.kind == "cluster", self._run_changed)
         self.topology.watch_runs(self._runs)
@@ -231,7 +216,7 @@ class _RedisProviderBase(Algorithm, ProviderBase):
         args = self._acquire_args(owner, token, ttl_ms, wait_ms, channel)
         try:
             reply, acks = self._call(
-                self._acquire_script, [keys.lock, keys.fence], args, keys.name, token
+                self.acquire_script, [keys.lock, keys.fence], args, keys.name, token
             )
         except (*self.driver_errors, *self.unavailable_errors) as exc:
             raise self._error(exc, ambiguous=maybe_sent(exc), key=keys.name, token=token) from exc
@@ -256,7 +241,7 @@ class _RedisProviderBase(Algorithm, ProviderBase):
         keys = self._keys(key)
         sent_at = time.monotonic()
         args = self._acquire_args(owner, token, ms(ttl), 0, "")
-        read = self._send(self._acquire_script, [keys.lock, keys.fence], args, key, token)
+        read = self._send(self.acquire_script, [keys.lock, keys.fence], args, key, token)
         if read is None:
             return None
 
@@ -277,7 +262,7 @@ class _RedisProviderBase(Algorithm, ProviderBase):
     def _start_release(self, lease: Lease) -> Callable[[], bool]:
         keys = self._keys(lease.key)
         args = self._release_args(keys, lease)
-        read = self._send(self._release_script, [keys.lock], args, lease.key)
+        read = self._send(self.release_script, [keys.lock], args, lease.key)
         if read is None:
             return super()._start_release(lease)
         return lambda: bool(read() == 1)
@@ -379,7 +364,7 @@ class _RedisProviderBase(Algorithm, ProviderBase):
             return
         try:
             script_args = [self._value(owner, token), ""]
-            self._release_script(self.topology.client(), [keys.lock], script_args)
+            self.release_script(self.topology.client(), [keys.lock], script_args)
         except (*self.driver_errors, *self.unavailable_errors) as exc:
             raise self._error(exc, ambiguous=True, key=keys.name, token=token) from exc
         if isinstance(acks, Exception):  # e.g. WAITAOF on a server that lacks it
@@ -393,11 +378,11 @@ class _RedisProviderBase(Algorithm, ProviderBase):
     def _release(self, lease: Lease) -> bool:
         keys = self._keys(lease.key)
         args = self._release_args(keys, lease)
-        return bool(self._script(self._release_script, [keys.lock], args) == 1)
+        return bool(self._script(self.release_script, [keys.lock], args) == 1)
 
     def _pass_on(self, lock: str) -> None:
         """A wake-up this process had no use for goes to the next waiting process."""
-        self._script(self._pass_on_script, [lock], [])
+        self._script(self.pass_on_script, [lock], [])
 
     def _extend(self, lease: Lease, ttl: float) -> bool:
         """With `sync_replicas`, a renewal the replicas did not acknowledge failed: the
@@ -405,7 +390,7 @@ class _RedisProviderBase(Algorithm, ProviderBase):
         args = [self._value(lease.owner, lease.token), ms(ttl)]
         with self._translated():
             lock = self._keys(lease.key).lock
-            reply, acks = self._call(self._extend_script, [lock], args, lease.key)
+            reply, acks = self._call(self.extend_script, [lock], args, lease.key)
             if reply != 1:
                 return False
             self._require_replicas(acks, "renewal")
@@ -424,7 +409,7 @@ class _RedisProviderBase(Algorithm, ProviderBase):
         return [reply == 1 for reply in replies]
 
     def _extend_pipelined(self, requests: Sequence[tuple[Lease, float]]) -> list[Any]:
-        script = self._extend_script
+        script = self.extend_script
         calls = [
             ([self._keys(lease.key).lock], [self._value(lease.owner, lease.token), ms(ttl)])
             for lease, ttl in requests
@@ -459,13 +444,13 @@ class _RedisProviderBase(Algorithm, ProviderBase):
         fence_key = self._keys(key).fence
         with self._translated():
             args = [floor, self.fence_ttl_ms]
-            _, acks = self._call(self._raise_fence_script, [fence_key], args, key)
+            _, acks = self._call(self.raise_fence_script, [fence_key], args, key)
             self._require_replicas(acks, "fence floor")
 
     def _holder(self, key: str) -> Holder | None:
         """Either type's holder: a lock of the other type excludes this one too."""
         keys = self._keys(key)
-        reply = self._script(self._holder_script, [keys.lock, keys.fence], [])
+        reply = self._script(self.holder_script, [keys.lock, keys.fence], [])
         return read_holder(self.name, key, reply)
 
     def _break(self, key: str) -> Holder | None:
@@ -473,7 +458,7 @@ class _RedisProviderBase(Algorithm, ProviderBase):
         promoted replica would still hold the broken grant."""
         keys = self._keys(key)
         with self._translated():
-            reply, acks = self._call(self._break_script, [keys.lock, keys.fence], [], key)
+            reply, acks = self._call(self.break_script, [keys.lock, keys.fence], [], key)
             self._require_replicas(acks, "break")
         self._notifier.wake_local(keys.lock)
         return read_holder(self.name, key, reply)
