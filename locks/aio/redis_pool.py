@@ -4,9 +4,13 @@ threads.
 `redis.asyncio.BlockingConnectionPool` takes a condition, a timeout context and a
 liveness probe of the socket (`can_read_destructive`) on every get, and records metrics
 on every release: about a fifth of an uncontended lock cycle. Here a free connection is
-taken without a suspension, and only a task past `max_connections` waits (for a future,
-up to `timeout`). No probe: every path that leaves a connection with a reply unread
-(an error, a cancellation) disconnects it, ours and redis-py's alike."""
+taken without a suspension while nobody waits; past `max_connections`, tasks queue (a
+future each, up to `timeout`) and a released connection is handed to the first of
+them, never put back for a newcomer to take: a task that releases and asks again at
+once would otherwise win every time, and the queued ones wait on (found by the asyncio
+benchmark: 16 tasks over 10 connections, a p99 of 47 ms, ~50 lost hand-overs each).
+No probe: every path that leaves a connection with a reply unread (an error, a
+cancellation) disconnects it, ours and redis-py's alike."""
 
 from __future__ import annotations
 
@@ -18,21 +22,22 @@ from typing import Any
 import redis.asyncio as aioredis
 from redis.exceptions import ConnectionError as RedisConnectionError
 
-from locks.aio.wakeups import new_wakeup, wake, woken_within
-
 
 class AsyncPool(aioredis.ConnectionPool):
     def __init__(self, *, timeout: float | None = 5.0, **kwargs: Any) -> None:
         super().__init__(**kwargs)
         self.timeout = timeout  # how long a task past max_connections waits for one
-        self._waiting: collections.deque[asyncio.Future[bool]] = collections.deque()
+        # tasks waiting for a connection, first come first served; each future is set to
+        # the connection handed to it (None: its time ran out)
+        self._waiting: collections.deque[asyncio.Future[Any]] = collections.deque()
 
     async def get_connection(self, *args: Any, **kwargs: Any) -> Any:
         free, in_use = self._available_connections, self._in_use_connections
-        while not free and len(in_use) >= self.max_connections:
-            await self._wait_for_one()
-        connection = free.pop() if free else self.make_connection()  # type: ignore[no-untyped-call]
-        in_use.add(connection)
+        if self._waiting or (not free and len(in_use) >= self.max_connections):
+            connection = await self._handed_one()  # already counted in use
+        else:
+            connection = free.pop() if free else self.make_connection()  # type: ignore[no-untyped-call]
+            in_use.add(connection)
         try:
             await connection.connect()  # nothing to do when it is connected
         except BaseException:
@@ -40,28 +45,42 @@ class AsyncPool(aioredis.ConnectionPool):
             raise
         return connection
 
-    async def _wait_for_one(self) -> None:
-        woken = new_wakeup()
-        self._waiting.append(woken)
+    async def _handed_one(self) -> Any:
+        loop = asyncio.get_running_loop()
+        handed: asyncio.Future[Any] = loop.create_future()
+        self._waiting.append(handed)
+        timer = None if self.timeout is None else loop.call_later(self.timeout, _expire, handed)
         try:
-            if not await woken_within(woken, self.timeout):
-                raise RedisConnectionError("No connection available.")
+            connection = await handed
         except asyncio.CancelledError:
-            if woken.done() and not woken.cancelled() and woken.result():
-                self._wake_one()  # it leaves with a wake-up it will not use
+            if handed.done() and not handed.cancelled() and handed.result() is not None:
+                self._hand_on(handed.result())  # handed over as it was cancelled
             raise
         finally:
+            if timer is not None:
+                timer.cancel()
             with contextlib.suppress(ValueError):
-                self._waiting.remove(woken)
+                self._waiting.remove(handed)
+        if connection is None:
+            raise RedisConnectionError("No connection available.")
+        return connection
 
     async def release(self, connection: Any) -> None:
-        self._in_use_connections.discard(connection)
         if connection.should_reconnect():
             await connection.disconnect()
-        self._available_connections.append(connection)
-        self._wake_one()
+        self._hand_on(connection)
 
-    def _wake_one(self) -> None:
+    def _hand_on(self, connection: Any) -> None:
+        """To the first waiting task (it stays counted in use), else back to the free."""
         while self._waiting:
-            if wake(self._waiting.popleft()):
-                break
+            handed = self._waiting.popleft()
+            if not handed.done():
+                handed.set_result(connection)
+                return
+        self._in_use_connections.discard(connection)
+        self._available_connections.append(connection)
+
+
+def _expire(handed: asyncio.Future[Any]) -> None:
+    if not handed.done():
+        handed.set_result(None)
