@@ -15,9 +15,11 @@ import os
 import threading
 import weakref
 from collections.abc import Awaitable, Callable
-from typing import Any, TypeVar
+from typing import Any, TypeVar, cast
 
 from locks.aio.base import AsyncProviderBase
+from locks.aio.chain import FallbackChain
+from locks.aio.owner import task_owner
 from locks.provider import Capabilities, Holder, Lease, LostCallback, MakesLocks
 
 R = TypeVar("R")
@@ -99,12 +101,21 @@ def run(make: Callable[[], Awaitable[R]]) -> R:
     return agent.call(make)
 
 
-class Threaded(MakesLocks):
-    """An asyncio provider, called as a threaded one."""
+async def _owner() -> str:
+    return task_owner()
 
-    def __init__(self, provider: AsyncProviderBase) -> None:
-        self.aio = provider
+
+class Threaded(MakesLocks):
+    """An asyncio provider (or chain), called as a threaded one."""
+
+    def __init__(self, provider: AsyncProviderBase | FallbackChain) -> None:
+        self.aio = cast(AsyncProviderBase, provider)  # a chain answers the same calls
         self.name = provider.name
+
+    @property
+    def tiers(self) -> dict[str, Threaded]:
+        """A chain's tiers, called as threaded ones (closed by whoever made them)."""
+        return {name: Threaded(tier) for name, tier in getattr(self.aio, "tiers", {}).items()}
 
     @property
     def capabilities(self) -> Capabilities:
@@ -143,6 +154,10 @@ class Threaded(MakesLocks):
 
     def ping(self) -> None:
         run(self.aio.ping)
+
+    def current_owner(self) -> str:
+        """The owner the calling thread is here: its task's."""
+        return run(_owner)
 
     def close(self) -> None:
         run(self.aio.close)

@@ -81,6 +81,7 @@ SERVERS: dict[str, tuple[str, ...]] = {
     "aio-local": (),
     "aio-redis": ("redis_server",),
     "aio-redis-hash": ("redis_server",),
+    "aio-chain": ("redis_server",),
 }
 
 # an address of each kind where nobody listens, given a free port
@@ -89,6 +90,7 @@ DEAD_ADDRESS = {
     "redis-hash": "redis://127.0.0.1:{port}/0",
     "aio-redis": "redis://127.0.0.1:{port}/0",
     "aio-redis-hash": "redis://127.0.0.1:{port}/0",
+    "aio-chain": "redis://127.0.0.1:{port}/0",
     "redis-acl": "redis://locks-least:least-pw@127.0.0.1:{port}/0",
     "redis-hash-acl": "redis://locks-least:least-pw@127.0.0.1:{port}/0",
     "mariadb-least": "mysql+pymysql://locks_dml:dml-pw@127.0.0.1:{port}/locks",
@@ -110,6 +112,8 @@ DEAD_ADDRESS = {
 def capabilities_of(kind: str) -> Capabilities:
     if kind == "chain":
         return CHAIN_CAPABILITIES
+    if kind == "aio-chain":  # two redis-hash tiers
+        return RedisHashProvider.capabilities
     if kind == "quorum":
         return QUORUM_CAPABILITIES
     return CLASSES[kind].capabilities
@@ -146,6 +150,12 @@ def make_provider(kind: str, address: str | None, **options: Any) -> LockProvide
             ],
             name="chain",
         )
+    if kind == "aio-chain":  # the asyncio chain over two redis-hash tiers (prefixes)
+        tiers = [
+            aio.RedisHashProvider(address or "", name="redis", **options),
+            aio.RedisHashProvider(address or "", name="redis-b", prefix="locks-b", **options),
+        ]
+        return Threaded(aio.FallbackChain(tiers, name="chain"))
     if kind == "quorum-mixed":  # redis + zookeeper + database, 2 of 3
         redis_url, zk_hosts, database_url = (address or "||").split("|")
         members = [
@@ -193,7 +203,11 @@ class Backend:
     def delete_behind_back(self, key: str) -> None:
         """Remove a lock the way an operator or a failover would, without its owner."""
         assert self.address is not None, f"{self.kind} has no server to delete from"
-        if self.kind.startswith(("redis", "aio-redis")) or self.kind in ("chain", "quorum"):
+        if self.kind.startswith(("redis", "aio-redis")) or self.kind in (
+            "chain",
+            "quorum",
+            "aio-chain",
+        ):
             urls = self.address.split("|")
             for url in urls if self.kind == "quorum" else urls[:1]:  # a quorum: every member
                 provider = RedisProvider(url)

@@ -34,10 +34,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from locks import Breaker, FallbackChain, Lease, LockError, LockLost, LockProvider, Switch
+from locks import Breaker, FallbackChain, Lease, LockError, LockLost, LockProvider, Switch, aio
 from locks.backends import DatabaseProvider, RedisHashProvider, ZooKeeperProvider
 from locks.quorum import Quorum
 from tests import checker
+from tests.aio_bridge import Threaded
 
 SPAWN = multiprocessing.get_context("spawn")
 KEYS = ("c:a", "c:b")
@@ -164,6 +165,10 @@ class Spec:
 
 CAMPAIGNS = {
     "redis-hash": Spec("redis-hash", ("redis-hash",), ("kill", "pause", "worker", "stop")),
+    # the asyncio face (each worker's calls made by a task of its own, tests/aio_bridge.py)
+    "aio-redis-hash": Spec(
+        "aio-redis-hash", ("aio-redis-hash",), ("kill", "pause", "worker", "stop")
+    ),
     # a Sentinel primary killed or paused (then failed over, and demoted once it returns)
     # under synced grants: no failover may hand a held lock to a second owner
     "redis-sentinel": Spec(
@@ -197,6 +202,9 @@ def build(spec: Spec, worker: str) -> tuple[LockProvider, float]:
         address = spec.addresses[kind]
         if kind == "redis-hash":
             providers.append(RedisHashProvider(address, name="redis", watchdog_ttl=1.0))
+        elif kind == "aio-redis-hash":
+            made = aio.RedisHashProvider(address, name="redis", watchdog_ttl=1.0)
+            providers.append(Threaded(made))
         elif kind == "redis-sentinel":
             synced = 0 if spec.variant == "no-sync" else 1
             providers.append(RedisHashProvider(address, name="redis", watchdog_ttl=1.0,
@@ -599,7 +607,7 @@ def run(
 def leftovers(spec: Spec, servers: dict[str, Any]) -> Iterator[tuple[str, str]]:
     """Lock state still on the servers once every worker stopped and every lease of a
     dead one has run out: there should be none."""
-    for kind in ("redis-hash", "redis-sentinel", "redis-quorum"):
+    for kind in ("redis-hash", "aio-redis-hash", "redis-sentinel", "redis-quorum"):
         if kind not in servers:
             continue
         for url in servers[kind].url.split("|"):  # a quorum: each of its members
@@ -662,6 +670,7 @@ def main(argv: list[str] | None = None) -> int:
 
     classes: dict[str, Callable[[Path], Any]] = {
         "redis-hash": lambda path: started_at(path, RedisServer(path)),
+        "aio-redis-hash": lambda path: started_at(path, RedisServer(path)),
         "zookeeper": lambda path: started_at(path, ZooKeeperServer(path)),
         "mariadb": lambda path: started_at(path, MariaDBServer(path)),
         "postgresql": lambda path: started_at(path, PostgreSQLServer(path)),

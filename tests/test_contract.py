@@ -635,7 +635,9 @@ def test_the_holder_using_a_second_provider_object_is_the_same_owner(
 # -- closing and forking ------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("backend", [k for k in kinds() if k != "chain"], indirect=True)
+@pytest.mark.parametrize(
+    "backend", [k for k in kinds() if k not in ("chain", "aio-chain")], indirect=True
+)
 def test_closing_a_provider_ends_its_leases_and_says_so(backend: Backend, key: str) -> None:
     """(A chain closes nothing of its tiers: they may serve other chains.)"""
     provider, other = backend.make(), backend.make()
@@ -657,7 +659,9 @@ def test_closing_a_provider_ends_its_leases_and_says_so(backend: Backend, key: s
         other.release(taken)
 
 
-@pytest.mark.parametrize("backend", [k for k in kinds() if k != "chain"], indirect=True)
+@pytest.mark.parametrize(
+    "backend", [k for k in kinds() if k not in ("chain", "aio-chain")], indirect=True
+)
 def test_a_forked_child_starts_afresh(backend: Backend, key: str) -> None:
     """A child works on its own (new connections, a new session), never holds what its
     parent holds, and cannot release it; the parent's lease is untouched."""

@@ -225,7 +225,10 @@ def test_events_reach_observers_and_a_failing_observer_harms_nothing() -> None:
     assert kinds == [EventKind.ACQUIRED, EventKind.EXTENDED, EventKind.RELEASED]
     assert events[-1].duration is not None and events[-1].duration >= 0
     # removed: a bound method read again is equal, not identical (it kept listening)
-    LocalProvider().acquire("observed:after")
+    after = LocalProvider()
+    lease = after.acquire("observed:after")
+    assert lease is not None
+    after.release(lease)  # a local lock left held would hold its name for the process
     assert [event.key for event in events][-1] == "observed"
 
 

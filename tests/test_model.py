@@ -208,10 +208,12 @@ def model_machine(
                 ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"model-owner-{i}")
                 for i in range(OWNERS)
             ]
-            self.owner_ids = [pool.submit(current_owner).result() for pool in self.pools]
+            self.provider = subject.make()
+            # an asyncio provider's owner is the task the bridge gives each thread
+            owner_of = getattr(self.provider, "current_owner", current_owner)
+            self.owner_ids = [pool.submit(owner_of).result() for pool in self.pools]
             run = uuid.uuid4().hex  # runs never meet on a shared server
             self.keys = [f"model:{run}:{i}" for i in range(KEYS)]
-            self.provider = subject.make()
             self.generation = 0
             self.grants: list[Grant | None] = [None] * KEYS  # the current one per key
             self.fences: list[int | None] = [None] * KEYS  # the highest seen per key
