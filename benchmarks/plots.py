@@ -12,8 +12,8 @@ its section: for a table written by a run that drew no image, and to redraw afte
 change to the plots. Failover timelines need the run's raw samples: only
 `python -m benchmarks.failover` draws those. `benchmarks.topologies` and
 `benchmarks.quorum`, and since they report more than a contender table holds,
-`benchmarks.database` and `benchmarks.postgresql`, keep their raw results in
-docs/img/<X>.json, and their images are redrawn from those files.
+`benchmarks.database`, `benchmarks.postgresql` and `benchmarks.aio`, keep their raw
+results in docs/img/<X>.json, and their images are redrawn from those files.
 
 matplotlib is imported inside the drawing functions only.
 """
@@ -46,6 +46,8 @@ TOPOLOGIES_RESULTS = IMAGES / "topologies.json"
 QUORUM_RESULTS = IMAGES / "quorum.json"
 # benchmarks.database's and benchmarks.postgresql's, likewise
 DATABASE_RESULTS = {name: IMAGES / f"{name}.json" for name in ("database", "postgresql")}
+# benchmarks.aio's, likewise
+AIO_RESULTS = IMAGES / "aio.json"
 
 _LINK = re.compile(r"^!\[[^\]]*\]\((img/[^)\s]+\.png)\)\s*$")
 _SECTION = re.compile(r"^## (?P<title>.+) \((?P<stamp>\d{4}-\d\d-\d\d \d\d:\d\d UTC)\)\s*$")
@@ -521,6 +523,164 @@ def _waiting_panel(axes: Any, rows: Sequence[DatabaseRow], colours: Sequence[str
                     "(INSERT+UPDATE+DELETE+SELECT; lower is better)")  # fmt: skip
 
 
+class AioRow(TypedDict):
+    """One contender of `benchmarks.aio`, uncontended: cycles/s and hand-off."""
+
+    name: str
+    ours: bool
+    cycles_per_second: float  # the median round
+    rounds: list[float]
+    handoff_ms: float | None  # median; None: not timed
+    handoff_p99_ms: float | None
+    handoff_samples: int
+    note: str | None  # how it waits
+
+
+class AioCrowd(TypedDict):
+    """One crowd of `benchmarks.aio`: workers looping acquire + release over keys."""
+
+    library: str
+    ours: bool
+    mode: str  # "tasks" (of one loop) or "threads"
+    workers: int
+    keys: int
+    wait_s: float
+    seconds: float
+    grants: int
+    grants_per_second: float
+    p50_ms: float | None  # acquire, from call to return
+    p99_ms: float | None
+    max_ms: float | None
+    drain_s: float
+    timeouts: int
+    errors: int
+    error: str | None
+    cancelled: int
+    note: str | None
+
+
+class AioResults(TypedDict):
+    """docs/img/aio.json: the record `benchmarks.aio` writes, with its section's title,
+    stamp and command."""
+
+    benchmark: str
+    title: str
+    stamp: str
+    command: str
+    utc: str
+    cpus: int | None
+    python: str
+    seconds: float
+    arguments: dict[str, Any]
+    settings: dict[str, Any]
+    ratios: list[dict[str, Any]]
+    uncontended: list[AioRow]
+    crowds: list[AioCrowd]
+
+
+def load_aio(results: Path | None = None) -> AioResults:
+    return cast(AioResults, _results(results or AIO_RESULTS, "aio"))
+
+
+def draw_aio(results: AioResults, path: Path | None = None) -> Path:
+    """docs/img/aio.png: per contender, uncontended cycles/s and hand-off (median bar,
+    p99 mark) on top; per crowd, grants/s and acquire p99 (p50 marked) below; ours in
+    colour, the peers in grey."""
+    path = path or IMAGES / "aio.png"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    rows, crowds = results["uncontended"], results["crowds"]
+    figure = _figure(14, 3.2 + 0.45 * (len(rows) + len(crowds)))
+    (rate_axes, handoff_axes), (grant_axes, p99_axes) = figure.subplots(
+        2, 2, sharey="row",
+        gridspec_kw={"height_ratios": [max(len(rows), 1), max(len(crowds), 1)],
+                     "width_ratios": [1.15, 1]},
+    )  # fmt: skip
+    _aio_uncontended(rate_axes, handoff_axes, rows)
+    _aio_crowds(grant_axes, p99_axes, crowds)
+    for axes in (rate_axes, handoff_axes, grant_axes, p99_axes):
+        axes.grid(axis="x", alpha=0.3)
+    mixed = any(r["ours"] for r in rows) and not all(r["ours"] for r in rows)
+    return _save(figure, f"{results['title']} ({results['stamp']})", path,
+                 "peer library" if mixed else None)  # fmt: skip
+
+
+def _aio_uncontended(rate_axes: Any, handoff_axes: Any, rows: Sequence[AioRow]) -> None:
+    ys = list(range(len(rows)))
+    colours = [OURS_COLOUR if r["ours"] else PEER_COLOUR for r in rows]
+    rates = [r["cycles_per_second"] for r in rows]
+    rate_axes.barh(ys, rates, color=colours)  # linear: bar lengths are the ratios
+    rate_axes.set_yticks(ys, [r["name"] for r in rows])
+    rate_axes.invert_yaxis()  # the table's order, top to bottom
+    rate_axes.set_xlabel("uncontended acquire + release by one task, cycles/s\n"
+                         "(higher is better)")  # fmt: skip
+    for y, rate in zip(ys, rates, strict=True):
+        rate_axes.annotate(f" {rate:,.0f}", (rate, y), va="center", fontsize=8)
+    rate_axes.set_xlim(0, max(rates, default=1.0) * 1.2)
+
+    shown = [v for r in rows for v in (r["handoff_ms"], r["handoff_p99_ms"]) if v is not None]
+    low = _bar_scale(handoff_axes, shown, "hand-off, ms: median bar, p99 mark")
+    _room_for_labels(handoff_axes, shown)
+    for y, (r, colour) in enumerate(zip(rows, colours, strict=True)):
+        median, p99 = r["handoff_ms"], r["handoff_p99_ms"]
+        if median is None:
+            handoff_axes.annotate(" — (not timed)", (low, y), va="center", fontsize=8)
+            continue
+        handoff_axes.barh(y, median - low, left=low, color=colour)
+        tip = median if p99 is None else p99
+        if p99 is not None:
+            handoff_axes.scatter([p99], [y], marker="|", s=120, color="#d62728", zorder=3)
+        handoff_axes.annotate(f" {_short(median)} / {_short(p99)} ms", (tip, y), va="center",
+                              fontsize=8)  # fmt: skip
+
+
+def _aio_crowds(grant_axes: Any, p99_axes: Any, crowds: Sequence[AioCrowd]) -> None:
+    cys = list(range(len(crowds)))
+    crowd_colours = [OURS_COLOUR if c["ours"] else PEER_COLOUR for c in crowds]
+    grants = [c["grants_per_second"] for c in crowds]
+    grant_axes.barh(cys, grants, color=crowd_colours,
+                    hatch=["//" if c["mode"] == "threads" else None for c in crowds],
+                    edgecolor="white")  # fmt: skip
+    grant_axes.set_yticks(cys, [f"{c['library']}\n{c['workers']:,} {c['mode']}, "
+                                f"{c['keys']:,} keys" for c in crowds])  # fmt: skip
+    grant_axes.invert_yaxis()
+    grant_axes.set_xlabel("crowd: each worker loops acquire + release on a random key,\n"
+                          "grants/s (higher is better; hatched: threads, not tasks)")  # fmt: skip
+    for y, c in zip(cys, crowds, strict=True):
+        missed = c["timeouts"] + c["cancelled"]
+        extra = f", {missed:,} not granted" if missed else ""
+        grant_axes.annotate(f" {c['grants_per_second']:,.0f}{extra}", (c["grants_per_second"], y),
+                            va="center", fontsize=8)  # fmt: skip
+    grant_axes.set_xlim(0, max(grants, default=1.0) * 1.35)
+
+    shown = [v for c in crowds for v in (c["p50_ms"], c["p99_ms"]) if v is not None]
+    low = _bar_scale(p99_axes, shown, "crowd acquire, from call to return, ms:\np99 bar, p50 mark")
+    _room_for_labels(p99_axes, shown)
+    for y, (c, colour) in enumerate(zip(crowds, crowd_colours, strict=True)):
+        p50, p99 = c["p50_ms"], c["p99_ms"]
+        if p99 is None:
+            p99_axes.annotate(" — (nothing granted)", (low, y), va="center", fontsize=8)
+            continue
+        hatch = "//" if c["mode"] == "threads" else None
+        p99_axes.barh(y, p99 - low, left=low, color=colour, hatch=hatch, edgecolor="white")
+        if p50 is not None:
+            p99_axes.scatter([p50], [y], marker="|", s=120, color="black", zorder=3)
+        p99_axes.annotate(f" {_short(p50)} / {_short(p99)} ms", (p99, y), va="center",
+                          fontsize=8)  # fmt: skip
+
+
+def _short(value: float | None) -> str:
+    """Milliseconds as a label: two decimals below 100, none above."""
+    if value is None:
+        return "—"
+    return f"{value:,.0f}" if value >= 100 else f"{value:.2f}"
+
+
+def _room_for_labels(axes: Any, values: Sequence[float]) -> None:
+    """Past `_bar_scale`'s right end, room for a "p50 / p99 ms" label on a log scale."""
+    if axes.get_xscale() == "log":
+        axes.set_xlim(right=max(values, default=1.0) * 40)
+
+
 # -- docs/benchmarks.md ------------------------------------------------------------------
 
 
@@ -621,6 +781,12 @@ def redraw(names: Sequence[str], report: Path = REPORT) -> list[Path]:
                 print(f"{QUORUM_RESULTS} is of the run at {quorum['stamp']}, "
                       f"not of the newest section ({section.stamp})", file=sys.stderr)  # fmt: skip
             image = draw_quorum(f"{quorum['title']} ({quorum['stamp']})", quorum["rows"])
+        elif name == "aio":  # likewise
+            aio = load_aio()
+            if aio["stamp"] != section.stamp:
+                print(f"{AIO_RESULTS} is of the run at {aio['stamp']}, "
+                      f"not of the newest section ({section.stamp})", file=sys.stderr)  # fmt: skip
+            image = draw_aio(aio)
         elif name in DATABASE_RESULTS and DATABASE_RESULTS[name].exists():  # likewise
             database = load_database(name)
             if database["stamp"] != section.stamp:
