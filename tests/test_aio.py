@@ -23,11 +23,19 @@ from locks import LockTimeout, aio, from_config
 from locks.aio.base import AsyncProviderBase
 from locks.backends import LocalProvider as ThreadedLocal
 from locks.backends import RedisProvider as ThreadedRedis
-from locks.errors import AllBackendsUnavailable, BackendUnavailable, ConfigError, LockNotOwned
+from locks.errors import (
+    AccessDenied,
+    AllBackendsUnavailable,
+    BackendUnavailable,
+    ConfigError,
+    LockNotOwned,
+)
 from locks.events import Event, EventKind
 from locks.fallback.breaker import Breaker
 from locks.provider import Lease
 from tests.servers import RedisServer
+from tests.servers.tls_servers import TLSRedisServer
+from tests.tls import PKI
 
 KINDS = ["local", "redis", "redis-hash"]
 
@@ -741,5 +749,31 @@ def test_a_pool_wait_runs_out_or_is_cancelled_without_losing_a_connection(
         again = await asyncio.wait_for(pool.get_connection(), 1.0)  # not lost with it
         await pool.release(again)
         await pool.disconnect()
+
+    run(main)
+
+
+# -- TLS ---------------------------------------------------------------------------------
+
+
+def test_rediss_locks_over_verified_tls_and_another_ca_is_denied(
+    redis_tls: TLSRedisServer, pki: PKI, key: str
+) -> None:
+    """The threaded topology's TLS settings, carried into the asyncio connections (and
+    nothing of the threaded pool's own objects): a verified rediss:// locks; a CA that
+    does not sign the server is refused access, never taken for an outage."""
+
+    async def main() -> None:
+        good = aio.RedisHashProvider(redis_tls.tls_url(), name="redis")
+        other = aio.RedisHashProvider(redis_tls.tls_url(ca=pki.other_ca), name="redis")
+        try:
+            async with good.lock(key, ttl=5) as lease:
+                assert lease.fence > 0
+            with pytest.raises(AccessDenied) as denied:
+                await other.acquire(key, ttl=5)
+            assert redis_tls.tls_address in str(denied.value)
+        finally:
+            await good.close()
+            await other.close()
 
     run(main)

@@ -34,6 +34,7 @@ from locks.backends.redis.algorithms import (
     HashAlgorithm,
     Keys,
     PlainAlgorithm,
+    check_floor,
     checked,
     keys_of,
     maybe_sent,
@@ -63,8 +64,14 @@ logger = logging.getLogger("locks")
 Undo = tuple[Script, list[str], list[Any]]
 # the parent's clients, in a forked child (see `after_fork_in_child`)
 _LEFT_BY_PARENT: list[object] = []
-# what the threaded pool's connections take that an asyncio connection must not
-_THREADED_ONLY = ("redis_connect_func", "retry")
+# what an asyncio connection takes over from the threaded pool's settings (not its
+# handshake hook, retry or maintenance-notification handler: those are the threaded
+# pool's objects), and every ssl_* setting
+_CARRIED = {
+    "host", "port", "path", "db", "username", "password", "socket_timeout",
+    "socket_connect_timeout", "socket_keepalive", "socket_keepalive_options", "client_name",
+    "encoding", "encoding_errors", "decode_responses", "protocol",
+}  # fmt: skip
 
 
 class _AsyncRedisBase(Algorithm, AsyncProviderBase):
@@ -205,13 +212,9 @@ class _AsyncRedisBase(Algorithm, AsyncProviderBase):
         """After a cancelled call: `undo` written behind it, both replies read (each
         within the socket timeout); the connection is then dropped, as its parser may
         have been stopped inside a reply."""
-        encoder = connection.encoder
         try:
             if undo is not None:
-                script, keys, args = undo
-                _write(
-                    connection, script.pack(keys, args, encoder.encoding, encoder.encoding_errors)
-                )
+                _write(connection, _packed(connection, *undo))
             for _ in range(1 if undo is None else 2):
                 with contextlib.suppress(errors.ResponseError):
                     await connection.read_response(disconnect_on_error=False)
@@ -329,9 +332,7 @@ class _AsyncRedisBase(Algorithm, AsyncProviderBase):
 
     async def raise_fence(self, key: str, floor: int) -> None:
         """Make every later grant of `key` carry a fence above `floor`."""
-        key = check_name(key)
-        if isinstance(floor, bool) or not isinstance(floor, int) or not 0 <= floor < 2**53:
-            raise ValueError(f"floor must be an int from 0 to 2**53, got {floor!r}")
+        key, floor = check_name(key), check_floor(floor)
         with self._translated():
             await self._run(self.raise_fence_script, [self._keys(key).fence],
                             [floor, self.fence_ttl_ms])  # fmt: skip
@@ -386,7 +387,8 @@ def _settings(client: Any, timeouts: Timeouts) -> dict[str, Any]:
     """The pool settings of the threaded client the topology built (no connection made
     yet), for a `redis.asyncio` pool: one place checks and parses the arguments."""
     pool = client.connection_pool
-    kwargs = {k: v for k, v in pool.connection_kwargs.items() if k not in _THREADED_ONLY}
+    kwargs = {k: v for k, v in pool.connection_kwargs.items()
+              if k in _CARRIED or k.startswith("ssl_")}  # fmt: skip
     client.close()
     return {"connection_class": _CONNECTIONS[pool.connection_class],
             "max_connections": timeouts.max_connections, "timeout": timeouts.pool,

@@ -70,6 +70,13 @@ def checked(  # noqa: PLR0917 - the providers' own arguments, passed on as they 
     return prefix, ms(check_seconds(fence_ttl, "fence_ttl")), timeouts
 
 
+def check_floor(floor: object) -> int:
+    """A fence floor (`raise_fence`), refused before any I/O unless an int Lua keeps exact."""
+    if isinstance(floor, bool) or not isinstance(floor, int) or not 0 <= floor < 2**53:
+        raise ValueError(f"floor must be an int from 0 to 2**53, got {floor!r}")
+    return floor
+
+
 def refused(error: BaseException) -> bool:
     """Whether Redis refused credentials or permissions anywhere in `error`'s chain:
     redis-py's cluster client turns a NOPERM on CLUSTER SLOTS into "cluster mode is not

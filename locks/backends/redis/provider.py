@@ -25,6 +25,7 @@ from locks.backends.redis.algorithms import (
     HashAlgorithm,
     Keys,
     PlainAlgorithm,
+    check_floor,
     checked,
     keys_of,
     maybe_sent,
@@ -438,9 +439,7 @@ class _RedisProviderBase(Algorithm, ProviderBase):
         """Make every later grant of `key` carry a fence above `floor` (a quorum keeps its
         fences increasing this way). With `sync_replicas`, a floor the replicas did not
         acknowledge is an outage: a promoted replica would not have it."""
-        key = check_name(key)
-        if isinstance(floor, bool) or not isinstance(floor, int) or not 0 <= floor < 2**53:
-            raise ValueError(f"floor must be an int from 0 to 2**53, got {floor!r}")
+        key, floor = check_name(key), check_floor(floor)
         fence_key = self._keys(key).fence
         with self._translated():
             args = [floor, self.fence_ttl_ms]
