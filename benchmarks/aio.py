@@ -59,7 +59,7 @@ import tempfile
 import textwrap
 import time
 from collections.abc import Awaitable, Callable, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from importlib import metadata
 from pathlib import Path
 from typing import Any, cast
@@ -342,16 +342,6 @@ class Crowd:
     note: str | None = None
 
 
-@dataclass
-class _Tally:
-    grants: int = 0
-    latencies: list[float] = field(default_factory=list)  # ms, every granted acquire
-    timeouts: int = 0
-    errors: int = 0
-    first_error: str | None = None
-    ended_at: float = 0.0  # monotonic
-
-
 async def _work(
     contender: AsyncContender,
     keys: Sequence[str],
@@ -359,7 +349,7 @@ async def _work(
     *,
     start: asyncio.Event,
     deadline: list[float],
-    tally: _Tally,
+    tally: scale.Tally,
 ) -> None:
     pick = random.Random(seed).choice
     await start.wait()
@@ -390,7 +380,7 @@ async def crowd_tasks(
     and the row counts them."""
     await warm_up(contender, bench_key(), 20)
     names = scale.crowd_keys(keys)
-    tallies = [_Tally() for _ in range(workers)]
+    tallies = [scale.Tally() for _ in range(workers)]
     start, deadline = asyncio.Event(), [0.0]
     tasks = [asyncio.create_task(_work(contender, names, index, start=start,
                                        deadline=deadline, tally=tally),
@@ -423,7 +413,7 @@ def _crowd(
     wait: float,
     began: float,
     seconds: float,
-    tallies: Sequence[_Tally],
+    tallies: Sequence[scale.Tally],
     cancelled: int,
 ) -> Crowd:
     grants = sum(t.grants for t in tallies)
