@@ -245,14 +245,9 @@ class ProviderBase(LeaseKeeper, MakesLocks, ABC):
             if plan is None:
                 return None
             valid_until, target = plan
-            if target is not None:
-                if not owner._extend(hold.anchor, target):
-                    lost = True
-                else:
-                    lost = False
-                    hold.valid_until = now + target
-            else:
-                lost = False
+            lost = target is not None and not owner._extend(hold.anchor, target)
+            if target is not None and not lost:
+                hold.valid_until = now + target
             if not lost:
                 lease, watch = self._stack_level(hold, ttl, auto, on_lost, now=now,
                                                  valid_until=valid_until)  # fmt: skip

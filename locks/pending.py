@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 from locks.errors import BackendUnavailable, LockNotOwned
 from locks.forking import start_afresh_when_forked
-from locks.provider import Lease, LockProvider
+from locks.provider import Lease
 from locks.steps import Steps, call, run
 
 logger = logging.getLogger("locks")
@@ -57,9 +57,6 @@ class PendingReleases:
         """`provider` answered: send what waits for it. No lock taken when nothing waits."""
         if self._queues.get(getattr(provider, "name", "")):
             self._start(self.flush_steps(provider))
-
-    def flush(self, provider: LockProvider) -> None:
-        run(self.flush_steps(provider))
 
     def flush_steps(self, provider: object) -> Steps[None]:
         name = getattr(provider, "name", "")

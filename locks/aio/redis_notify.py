@@ -22,14 +22,11 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 from locks.aio.wakeups import new_wakeup, wake, woken_within
+from locks.backends.redis.notify import _CLAIM_FOR, _KEEP_FOR, _READ_EVERY  # one protocol
 from locks.errors import AccessDenied, LockError
 from locks.forking import start_afresh_when_forked
 
 logger = logging.getLogger("locks")
-
-_CLAIM_FOR = 0.05  # s a wake-up finding no waiter waits for one before it is passed on
-_KEEP_FOR = 1.0  # s a passed-on wake-up still lets a newly counted waiter try at once
-_READ_EVERY = 1.0  # s: how long one read of the subscription waits
 
 
 class AsyncNotifier:
