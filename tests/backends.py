@@ -55,6 +55,9 @@ CLASSES: dict[str, type[LeaseKeeper]] = {
     "aio-local": aio.LocalProvider,
     "aio-redis": aio.RedisProvider,
     "aio-redis-hash": aio.RedisHashProvider,
+    "aio-mariadb": aio.DatabaseProvider,
+    "aio-sqlite": aio.DatabaseProvider,
+    "aio-postgresql": aio.DatabaseProvider,
 }
 TOPOLOGIES = ("redis-sentinel", "redis-cluster")
 
@@ -82,6 +85,9 @@ SERVERS: dict[str, tuple[str, ...]] = {
     "aio-redis": ("redis_server",),
     "aio-redis-hash": ("redis_server",),
     "aio-chain": ("redis_server",),
+    "aio-mariadb": ("mariadb_server",),
+    "aio-sqlite": ("sqlite_file",),
+    "aio-postgresql": ("postgresql_server",),
 }
 
 # an address of each kind where nobody listens, given a free port
@@ -91,6 +97,9 @@ DEAD_ADDRESS = {
     "aio-redis": "redis://127.0.0.1:{port}/0",
     "aio-redis-hash": "redis://127.0.0.1:{port}/0",
     "aio-chain": "redis://127.0.0.1:{port}/0",
+    "aio-mariadb": "mysql+pymysql://locks:pw@127.0.0.1:{port}/locks",
+    "aio-sqlite": "sqlite:////nonexistent-dir-{port}/locks.db",
+    "aio-postgresql": "postgresql://locks:pw@127.0.0.1:{port}/locks",
     "redis-acl": "redis://locks-least:least-pw@127.0.0.1:{port}/0",
     "redis-hash-acl": "redis://locks-least:least-pw@127.0.0.1:{port}/0",
     "mariadb-least": "mysql+pymysql://locks_dml:dml-pw@127.0.0.1:{port}/locks",
@@ -215,7 +224,8 @@ class Backend:
                 provider.close()
         elif self.kind == "file":  # an operator's `rm`: the name's file goes, fence and all
             FileProvider(self.address).path_of(key).unlink()
-        elif self.kind in ("mariadb", "sqlite", "postgresql", "mariadb-least", "postgresql-least"):
+        elif self.kind.removeprefix("aio-") in ("mariadb", "sqlite", "postgresql", "mariadb-least",
+                                                "postgresql-least"):
             engine = sa.create_engine(self.address)
             with engine.begin() as conn:
                 conn.execute(sa.text("DELETE FROM locks WHERE name = :name"), {"name": key})

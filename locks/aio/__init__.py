@@ -17,6 +17,7 @@ if TYPE_CHECKING:
     from locks.aio.base import AsyncProviderBase
     from locks.aio.chain import FallbackChain
     from locks.aio.config import AsyncRegistry, from_config
+    from locks.aio.database import DatabaseProvider
     from locks.aio.handle import AsyncLock
     from locks.aio.local import LocalProvider
     from locks.aio.redis import RedisHashProvider, RedisProvider
@@ -25,6 +26,7 @@ __all__ = [
     "AsyncLock",
     "AsyncProviderBase",
     "AsyncRegistry",
+    "DatabaseProvider",
     "FallbackChain",
     "LocalProvider",
     "RedisHashProvider",
@@ -43,5 +45,6 @@ __getattr__ = lazy_names(
         "LocalProvider": ("locks.aio.local", None),
         "RedisProvider": ("locks.aio.redis", "redis"),
         "RedisHashProvider": ("locks.aio.redis", "redis"),
+        "DatabaseProvider": ("locks.aio.database", "aio-mysql"),
     },
 )

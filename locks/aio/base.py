@@ -61,6 +61,11 @@ class AsyncProviderBase(LeaseKeeper, MakesAsyncLocks, ABC):
     @abstractmethod
     async def _release(self, lease: Lease) -> bool: ...
 
+    async def _release_unknown(self, lease: Lease) -> bool:
+        """Release a grant known only by owner and token (its fence is unknown): what an
+        ambiguous or cancelled acquire may have taken."""
+        return await self._release(lease)
+
     @abstractmethod
     async def _extend(self, lease: Lease, ttl: float) -> bool: ...
 
@@ -119,9 +124,8 @@ class AsyncProviderBase(LeaseKeeper, MakesAsyncLocks, ABC):
             )
         except asyncio.CancelledError:
             # the request may have reached the server: whatever it took goes
-            self._in_background(
-                self._release_quietly(self._unknown_lease(attempt.key, attempt.owner, token))
-            )
+            unknown = self._unknown_lease(attempt.key, attempt.owner, token)
+            self._in_background(self._release_quietly(unknown, self._release_unknown))
             raise
         return self._granted(attempt, grant)
 
@@ -172,7 +176,7 @@ class AsyncProviderBase(LeaseKeeper, MakesAsyncLocks, ABC):
         """As the threaded face's: release what an ambiguous acquire may have taken."""
         key = check_name(key)
         lease = self._unknown_lease(key, owner, token)
-        return bool(await self._areporting(key, self._release(lease)))
+        return bool(await self._areporting(key, self._release_unknown(lease)))
 
     async def holder(self, key: str) -> Holder | None:
         """Who holds `key` right now (for operators: acting on it is a race)."""
@@ -281,18 +285,21 @@ class AsyncProviderBase(LeaseKeeper, MakesAsyncLocks, ABC):
                 raise
             raise reported from error
 
-    async def _release_quietly(self, lease: Lease) -> None:
-        """Release a grant that is lost either way; a server that cannot be reached frees
-        it by itself."""
+    async def _release_quietly(
+        self, lease: Lease, release: Callable[[Lease], Awaitable[bool]] | None = None
+    ) -> None:
+        """Release a grant that is lost either way (with `release`, by default
+        `_release`); a server that cannot be reached frees it by itself."""
         with contextlib.suppress(LockError):
-            await self._areporting(lease.key, self._release(lease))
+            await self._areporting(lease.key, (release or self._release)(lease))
 
-    def _in_background(self, call: Coroutine[Any, Any, object]) -> None:
+    def _in_background(self, call: Coroutine[Any, Any, R]) -> asyncio.Task[R]:
         """Run `call` on its own (what must finish whatever happens to its caller);
         `close` waits for it."""
         task = asyncio.get_running_loop().create_task(call)
         self._background.add(task)
         task.add_done_callback(self._background.discard)
+        return task
 
     async def _background_done(self) -> None:
         """Wait for what runs in the background (each bounded by its own timeouts)."""

@@ -19,6 +19,7 @@ ASYNC_TYPES = {
     "local": "locks.aio.local:LocalProvider",
     "redis": "locks.aio.redis:RedisProvider",
     "redis-hash": "locks.aio.redis:RedisHashProvider",
+    "database": "locks.aio.database:DatabaseProvider",
 }
 
 

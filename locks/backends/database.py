@@ -47,13 +47,15 @@ needs no check: a standby refuses every user.
 
 from __future__ import annotations
 
+import inspect
 import logging
 import random
+import sqlite3
 import threading
 import time
 from collections.abc import Callable, Hashable, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import sqlalchemy as sa
 from sqlalchemy import exc
@@ -66,12 +68,19 @@ from locks.backends.dbpool import ConnectionPool, Refused
 from locks.backends.deadlines import Deadlines
 from locks.backends.notices import Notices
 from locks.backends.wakeups import Wakeups
-from locks.base import Grant, ProviderBase
+from locks.base import ProviderBase
 from locks.errors import AccessDenied, BackendError, BackendUnavailable
+from locks.keeper import Grant, LeaseKeeper
 from locks.names import check_count, check_name, check_seconds
 from locks.provider import Capabilities, Holder, Lease
+from locks.steps import Steps, call, run
+
+if TYPE_CHECKING:
+    from sqlalchemy.ext.asyncio import AsyncEngine
 
 logger = logging.getLogger("locks")
+
+E = TypeVar("E")
 
 _NUDGE = 1.0  # seconds: the longest a waiter sleeps without asking (notices may be lost)
 _PURGE_EVERY = 1000  # releases between purges of rows left by dead holders
@@ -215,16 +224,37 @@ class _Statement:
         kind = _PyMySQLStatement if direct else _Statement
         return kind(compiled.string, positions, not compiled.positional)
 
+    def _args(self, params: dict[str, Any]) -> Any:
+        return params if self.named else [params[n] for n in self.positions]
+
     def run(self, connection: Any, params: dict[str, Any]) -> tuple[int, int, Any]:
         """The rowcount, the lastrowid and the first row, if any."""
         cursor = connection.cursor()
         try:
-            cursor.execute(self.sql, params if self.named else [params[n] for n in self.positions])
+            cursor.execute(self.sql, self._args(params))
             row = cursor.fetchone() if cursor.description else None
             # only MySQL's fence comes back as LAST_INSERT_ID; psycopg 3 has no lastrowid
             return cursor.rowcount, getattr(cursor, "lastrowid", None) or 0, row
         finally:
             cursor.close()
+
+    async def arun(self, connection: Any, params: dict[str, Any]) -> tuple[int, int, Any]:
+        """`run` on an asyncio driver's connection (asyncmy, aiomysql, psycopg's
+        AsyncConnection, aiosqlite): the same cursor calls, those that do I/O awaited."""
+        cursor = await _awaited(connection.cursor())
+        try:
+            await cursor.execute(
+                self.sql, params if self.named else [params[n] for n in self.positions]
+            )
+            row = await _awaited(cursor.fetchone()) if cursor.description else None
+            return cursor.rowcount, getattr(cursor, "lastrowid", None) or 0, row
+        finally:
+            await _awaited(cursor.close())
+
+
+async def _awaited(outcome: Any) -> Any:
+    """Where the asyncio drivers differ: some make a cursor, fetch or close without I/O."""
+    return await outcome if inspect.isawaitable(outcome) else outcome
 
 
 class _PyMySQLStatement(_Statement):
@@ -239,8 +269,11 @@ class _PyMySQLStatement(_Statement):
         return rows, connection.insert_id(), None
 
 
-class DatabaseProvider(ProviderBase):
-    """Type `database`: MySQL/MariaDB (pymysql), PostgreSQL or SQLite through SQLAlchemy."""
+class DatabaseRules(LeaseKeeper):
+    """Type `database`, what both faces share: arguments, statements, the table, error
+    translation, and every decision about a statement's outcome. The threaded face
+    (`DatabaseProvider`) and the asyncio one (`locks.aio.DatabaseProvider`) add only
+    connections and the calls on them."""
 
     type_name = "database"
 
@@ -254,45 +287,28 @@ class DatabaseProvider(ProviderBase):
         cross_host=True,
     )
 
-    def __init__(
+    def _configure(
         self,
-        url: str = "sqlite:///locks.db",
+        engine: Engine | AsyncEngine,
         *,
-        engine: Engine | None = None,
-        name: str = "database",
-        table: str = "locks",
-        watchdog_ttl: float = 30.0,
-        create_table: bool = True,
-        connect_timeout: float = 1.0,
-        socket_timeout: float = 2.0,
-        pool_size: int = 10,
-        pool_timeout: float = 5.0,
-        purge_after: float = 3600.0,
-        connect_args: Mapping[str, Any] | None = None,
-        poll_interval: float = 0.025,
+        engine_given: bool,
+        table: str,
+        create_table: bool,
+        socket_timeout: float,
+        purge_after: float,
+        poll_interval: float,
+        connect_args: Mapping[str, Any] | None,
     ) -> None:
-        """`poll_interval`: how often a process's first waiter on a key asks for it
-        where releases are not announced (MySQL/MariaDB, SQLite): a hand-off to another
-        process takes about half of it, for 1/poll_interval queries a second per key
-        and waiting process. PostgreSQL announces releases (LISTEN/NOTIFY)."""
-        super().__init__(name, watchdog_ttl)
+        """Check the arguments and the database, compile the statements for `engine`'s
+        driver (the threaded face's engine, or the asyncio face's)."""
         self.table_name = check_name(table, "table")
         self.purge_after = check_seconds(purge_after, "purge_after")
         self.poll_interval = check_seconds(poll_interval, "poll_interval")
-        engine_given = engine is not None
+        self.socket_timeout = check_seconds(socket_timeout, "socket_timeout")
         self._owns_engine = not engine_given
         self._connect_args = dict(connect_args or {})
-        self.socket_timeout = check_seconds(socket_timeout, "socket_timeout")
-        if engine is None:
-            engine = _make_engine(
-                url,
-                check_seconds(connect_timeout, "connect_timeout"),
-                self.socket_timeout,
-                dict(self._connect_args),
-            )
-        elif not isinstance(engine, Engine):
-            raise TypeError(f"engine must be a sqlalchemy Engine, not {type(engine).__name__}")
-        self.engine = engine
+        self._sa_dialect = engine.dialect
+        self._url = engine.url
         dialect = dialects.family(engine.dialect.name)
         if dialect not in dialects.FAMILIES:
             raise ValueError(
@@ -306,47 +322,26 @@ class DatabaseProvider(ProviderBase):
             )
         self._dialect = dialect
         self._mysql = dialect == "mysql"
-        # libpq has no read timeout: PostgreSQL's statements get one of ours
-        self._deadlines = (
-            Deadlines(self.socket_timeout, f"locks-deadlines-{self.name}")
-            if dialect == "postgresql"
-            else None
-        )
-        self._connections = ConnectionPool(
-            engine,
-            check_count(pool_size, "pool_size"),
-            check_seconds(pool_timeout, "pool_timeout"),
-            _IDLE_PING,
-            check=_check_writable if self._mysql else None,
-            deadlines=self._deadlines,
-        )
         # the hot statements run on raw DBAPI connections, so the driver's own errors
         # count too, besides SQLAlchemy's (pool timeouts, wrapped connect errors)
-        self._dbapi_error: type[Any] = engine.dialect.loaded_dbapi.Error
         dbapi = engine.dialect.loaded_dbapi
+        self._dbapi_error: type[Any] = dbapi.Error
         self.unavailable_errors = (
             *dialects.UNAVAILABLE,
             dbapi.OperationalError,
-            dbapi.InterfaceError,
+            # SQLAlchemy's aiosqlite adapter has none (sqlite3 has: the driver raises it)
+            getattr(dbapi, "InterfaceError", sqlite3.InterfaceError),
         )
         # what taking a connection may raise: those, or the pool's check refusing the server
         self._take_errors: tuple[type[BaseException], ...] = (*self.unavailable_errors, Refused)
         self.driver_errors = (exc.SQLAlchemyError, dbapi.Error)
-        self.address = _address(engine)
+        self.address = _address(engine.url)
         self._duplicate_key: type[Any] = dbapi.IntegrityError
         # PostgreSQL: what frees a lock announces it to waiting processes (`notices`)
-        channel = f"locks.{self.table_name}"[:63]  # an identifier: 63 bytes at most
-        self._compile(channel if dialect == "postgresql" else None)
+        self._channel = f"locks.{self.table_name}"[:63]  # an identifier: 63 bytes at most
+        self._compile(self._channel if dialect == "postgresql" else None)
         self._create_table = create_table
         self._table_ready = False
-        self._setup_lock = threading.Lock()
-        self._wakeups = Wakeups()
-        self._notices = None
-        if dialect == "postgresql":
-            self._notices = Notices(
-                engine, channel, on_notice=self._wakeups.wake, on_gap=self._wakeups.wake_all,
-                timeout=self.socket_timeout, name=f"locks-notices-{self.name}",
-            )  # fmt: skip
         self._releases = 0
         # keys whose row this process saw lately (a hint: a wrong one costs a statement)
         self._rows_seen: dict[str, None] = {}
@@ -354,13 +349,13 @@ class DatabaseProvider(ProviderBase):
     def _compile(self, channel: str | None) -> None:
         """Every statement, compiled once for the driver; those that free a lock notify
         `channel` where there is one."""
-        engine, dialect = self.engine, self._dialect
-        quoted = engine.dialect.identifier_preparer.quote(self.table_name)
+        sa_dialect, dialect = self._sa_dialect, self._dialect
+        quoted = sa_dialect.identifier_preparer.quote(self.table_name)
         parts = {"t": quoted, "now": _CLOCK_US[dialect], "greatest": _GREATEST[dialect]}
         announced = str if channel is None else _announcing(channel)
 
         def compiled(sql: str) -> _Statement:
-            return _Statement.compile(sql.format(**parts), engine.dialect)
+            return _Statement.compile(sql.format(**parts), sa_dialect)
 
         self._insert_sql = compiled(_MYSQL_INSERT if self._mysql else _INSERT)
         self._upsert_sql = compiled(_MYSQL_UPSERT if self._mysql else _UPSERT)
@@ -374,6 +369,7 @@ class DatabaseProvider(ProviderBase):
         self._purge_sql = compiled(_PURGE)
         self._purge_find_text = _PURGE_FIND.format(**parts)
         self._ping_sql = compiled("SELECT 1")
+        self._read_only_sql = compiled("SELECT @@global.read_only")
 
     # -- setup and errors -----------------------------------------------------------------
 
@@ -383,7 +379,7 @@ class DatabaseProvider(ProviderBase):
         collation = None
         if self._dialect == "mysql":
             # a binary collation without PAD SPACE: 'a' and 'a ' are two locks
-            mariadb = getattr(self.engine.dialect, "is_mariadb", False)
+            mariadb = getattr(self._sa_dialect, "is_mariadb", False)
             collation = "utf8mb4_nopad_bin" if mariadb else "utf8mb4_0900_bin"
         return sa.Table(
             self.table_name,
@@ -404,30 +400,23 @@ class DatabaseProvider(ProviderBase):
         (the lock user then needs no CREATE). On a `mysql://` URL the collation depends
         on the server being MySQL or MariaDB, which SQLAlchemy learns on the first
         connection: `ping()` first where the server is reachable."""
-        return str(CreateTable(self.table()).compile(self.engine)).strip()
+        return str(CreateTable(self.table()).compile(dialect=self._sa_dialect)).strip()
 
-    def create_table(self) -> None:
-        """Create the lock table if it does not exist. Needs the CREATE privilege only
-        when it is missing: a user with DML rights alone passes once the table is there."""
-        with self._translated(), self.engine.connect() as conn:
-            # connected first: the server (MariaDB or MySQL) decides the collation;
-            # IF NOT EXISTS: processes starting together may all try
-            if not sa.inspect(conn).has_table(self.table_name):
-                conn.execute(CreateTable(self.table(), if_not_exists=True))
+    def _make_table(self, conn: sa.Connection) -> None:
+        """Create the lock table on `conn` if it does not exist. Needs the CREATE
+        privilege only when it is missing: a user with DML rights alone passes once the
+        table is there. (Connected first: the server, MariaDB or MySQL, decides the
+        collation; IF NOT EXISTS: processes starting together may all try.)"""
+        if not sa.inspect(conn).has_table(self.table_name):
+            conn.execute(CreateTable(self.table(), if_not_exists=True))
         self._table_ready = True
-
-    def _ready(self) -> None:
-        if not self._table_ready and self._create_table:
-            with self._setup_lock:
-                if not self._table_ready:
-                    self.create_table()
 
     def _secrets(self) -> list[str]:
         """The password, and a TLS key's password from the url or `connect_args`."""
-        return dialects.secrets(self.engine.url, self._connect_args)
+        return dialects.secrets(self._url, self._connect_args)
 
     def _domain(self) -> Hashable:
-        return ("database", self.engine.url.render_as_string(hide_password=True), self.table_name)
+        return ("database", self._url.render_as_string(hide_password=True), self.table_name)
 
     def _classify(self, error: BaseException) -> type[BackendUnavailable] | type[BackendError]:
         if dialects.denied(error):
@@ -452,6 +441,186 @@ class DatabaseProvider(ProviderBase):
             f"renews and releases nothing: {self._detail(error)}",
             backend=self.name, address=self.address, key=key,
         )  # fmt: skip
+
+    def _failed(
+        self,
+        error: BaseException,
+        attempt: int,
+        *,
+        ambiguous: bool,
+        key: str | None,
+        token: str | None,
+    ) -> BaseException | None:
+        """What a driver error raised by a statement becomes: None to run it again (a
+        deadlock victim was rolled back whole: nothing happened), else the error to
+        raise."""
+        if dialects.deadlock_victim(error) and attempt + 1 < _DEADLOCK_RETRIES:
+            return None
+        if isinstance(error, self.unavailable_errors) or dialects.read_only(error):
+            return self._unavailable(error, ambiguous=ambiguous, key=key, token=token)
+        return error
+
+    # -- the algorithm's decisions --------------------------------------------------------
+
+    @staticmethod
+    def _grant_params(lease: Lease) -> dict[str, Any]:
+        return {"name": lease.key, "owner": lease.owner, "fence": lease.fence}
+
+    def _first_statement(self, key: str, row_seen: bool) -> _Statement:
+        """One try's first statement, by what this process knows of the key's row: a
+        waiter that found it held a moment ago (`row_seen`) sends the upsert, which
+        decides whether the row is there or not, so a poll is one statement; a key whose
+        row it has seen lately, the update that takes it; any other key, the insert
+        that makes it. Where the update or the insert grants nothing, the upsert decides
+        (`_then_upsert`)."""
+        if row_seen:
+            return self._upsert_sql
+        return self._take_sql if key in self._rows_seen else self._insert_sql
+
+    def _then_upsert(self, first: _Statement, key: str) -> bool:
+        """After `first` granted nothing: whether the upsert is to try next."""
+        if first is self._upsert_sql:
+            return False
+        self._saw_row(key)
+        return True
+
+    def _fence_of(self, rows: int, fence: int, row: Any) -> int | None:
+        """The new grant's fence from a statement's outcome, or None if it granted
+        nothing."""
+        if not self._mysql:
+            return None if row is None else int(row[0])  # RETURNING
+        # LAST_INSERT_ID: 0 when nothing was granted, and also when a trigger on the
+        # table hid it from an insert's reply (MariaDB does). That row is this owner's:
+        # the upsert, whose reply keeps it, takes it over.
+        return fence if rows and fence else None
+
+    def _saw_row(self, key: str) -> None:
+        seen = self._rows_seen
+        if len(seen) >= _ROWS_SEEN:
+            seen.clear()  # bounded: forgotten keys cost one more statement once
+        seen[key] = None
+
+    def _released_row(self, key: str) -> bool:
+        """After a release: the row is kept, free, so the next try goes straight to the
+        upsert; whether it is time to purge."""
+        self._saw_row(key)
+        self._releases += 1
+        return self._releases % _PURGE_EVERY == 0
+
+    def _holder_of(self, key: str, row: Any) -> Holder | None:
+        if row is None:
+            return None
+        owner, _, fence, left_us = row
+        return Holder(key, self.name, owner, None, int(fence), int(left_us) / 1e6)
+
+    def _wait_steps(
+        self, waiter: Any, params: dict[str, Any], token: str, *,
+        deadline: float | None, notified: bool,
+    ) -> Steps[Grant | None]:  # fmt: skip
+        """A waiter's turns until it is granted or its time is up: only the head of
+        this process's line on the key asks (`waiter.first`); the others wait their
+        turn, woken when the head leaves or the key is released here."""
+        key = params["name"]
+        while True:
+            if waiter.first:
+                grant = yield from call(self, "_take", params, key, token, row_seen=True)
+                if grant is not None:
+                    return grant  # type: ignore[no-any-return]
+                pause = random.uniform(0.75, 1.25) * self.poll_interval
+                if notified:  # heard-of releases wake it: it waits for the holder's expiry
+                    holder = yield from call(self, "_holder", key)
+                    pause = _pause_for(holder)
+            else:
+                pause = _NUDGE  # woken when the head leaves or the key is released
+            if deadline is not None:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    return None
+                pause = min(pause, left)
+            yield from call(waiter, "sleep", pause)
+
+
+class DatabaseProvider(DatabaseRules, ProviderBase):
+    """Type `database`: MySQL/MariaDB (pymysql), PostgreSQL or SQLite through SQLAlchemy."""
+
+    def __init__(
+        self,
+        url: str = "sqlite:///locks.db",
+        *,
+        engine: Engine | None = None,
+        name: str = "database",
+        table: str = "locks",
+        watchdog_ttl: float = 30.0,
+        create_table: bool = True,
+        connect_timeout: float = 1.0,
+        socket_timeout: float = 2.0,
+        pool_size: int = 10,
+        pool_timeout: float = 5.0,
+        purge_after: float = 3600.0,
+        connect_args: Mapping[str, Any] | None = None,
+        poll_interval: float = 0.025,
+    ) -> None:
+        """`poll_interval`: how often a process's first waiter on a key asks for it
+        where releases are not announced (MySQL/MariaDB, SQLite): a hand-off to another
+        process takes about half of it, for 1/poll_interval queries a second per key
+        and waiting process. PostgreSQL announces releases (LISTEN/NOTIFY)."""
+        super().__init__(name, watchdog_ttl)
+        engine_given = engine is not None
+        if engine is None:
+            engine = make_engine(
+                url,
+                check_seconds(connect_timeout, "connect_timeout"),
+                check_seconds(socket_timeout, "socket_timeout"),
+                dict(connect_args or {}),
+            )
+        elif not isinstance(engine, Engine):
+            raise TypeError(f"engine must be a sqlalchemy Engine, not {type(engine).__name__}")
+        self.engine = engine
+        self._configure(engine, engine_given=engine_given, table=table,
+                        create_table=create_table, socket_timeout=socket_timeout,
+                        purge_after=purge_after, poll_interval=poll_interval,
+                        connect_args=connect_args)  # fmt: skip
+        # libpq has no read timeout: PostgreSQL's statements get one of ours
+        self._deadlines = (
+            Deadlines(self.socket_timeout, f"locks-deadlines-{self.name}")
+            if self._dialect == "postgresql"
+            else None
+        )
+        self._connections = ConnectionPool(
+            engine,
+            check_count(pool_size, "pool_size"),
+            check_seconds(pool_timeout, "pool_timeout"),
+            _IDLE_PING,
+            check=self._check_writable if self._mysql else None,
+            deadlines=self._deadlines,
+        )
+        self._setup_lock = threading.Lock()
+        self._wakeups = Wakeups()
+        self._notices = None
+        if self._dialect == "postgresql":
+            self._notices = Notices(
+                engine, self._channel, on_notice=self._wakeups.wake,
+                on_gap=self._wakeups.wake_all, timeout=self.socket_timeout,
+                name=f"locks-notices-{self.name}",
+            )  # fmt: skip
+
+    def create_table(self) -> None:
+        """Create the lock table if it does not exist (see `_make_table`)."""
+        with self._translated(), self.engine.connect() as conn:
+            self._make_table(conn)
+
+    def _ready(self) -> None:
+        if not self._table_ready and self._create_table:
+            with self._setup_lock:
+                if not self._table_ready:
+                    self.create_table()
+
+    def _check_writable(self, connection: Any) -> None:
+        """The pool's check on MySQL/MariaDB: one round trip that refuses a read-only
+        server, whatever the user's privileges (see the module's docstring)."""
+        row = self._read_only_sql.run(connection, {})[2]
+        if row is not None and int(row[0]):
+            raise Refused("@@global.read_only = 1")
 
     def _run(
         self,
@@ -480,13 +649,12 @@ class DatabaseProvider(ProviderBase):
                     pool.discard_idle()
                 else:
                     pool.give(connection)
-                if dialects.deadlock_victim(error) and attempt + 1 < _DEADLOCK_RETRIES:
-                    continue  # rolled back whole, so nothing happened: run it again
-                if isinstance(error, self.unavailable_errors) or dialects.read_only(error):
-                    raise self._unavailable(
-                        error, ambiguous=ambiguous, key=key, token=token
-                    ) from error
-                raise
+                failed = self._failed(error, attempt, ambiguous=ambiguous, key=key, token=token)
+                if failed is None:
+                    continue
+                if failed is error:
+                    raise
+                raise failed from error
             except BaseException:  # interrupted mid-reply: the protocol state is unknown
                 pool.discard(connection)
                 raise
@@ -510,80 +678,34 @@ class DatabaseProvider(ProviderBase):
         with self._wakeups.waiting(key) as waiter:
             # subscribed before the next look: a release from now on is heard of
             notified = self._notices is not None and self._notices.listen()
-            while True:
-                if waiter.first:  # one asks per key and process; the rest wait their turn
-                    grant = self._take(params, key, token, row_seen=True)
-                    if grant is not None:
-                        return grant
-                    pause = self._pause(key, notified)
-                else:
-                    pause = _NUDGE  # woken when the head leaves or the key is released
-                if deadline is not None:
-                    left = deadline - time.monotonic()
-                    if left <= 0:
-                        return None
-                    pause = min(pause, left)
-                waiter.sleep(pause)
-
-    def _pause(self, key: str, notified: bool) -> float:
-        """How long the head waits before it asks again. Heard-of releases wake it, so
-        it waits for the holder's expiry (a dead holder's lock frees itself then);
-        else it polls, jittered so that processes do not ask in step."""
-        if not notified:
-            return random.uniform(0.75, 1.25) * self.poll_interval
-        holder = self._holder(key)
-        left = _NUDGE if holder is None or holder.expires_in is None else holder.expires_in
-        return min(max(left, 0.0) + 0.001, _NUDGE)
+            return run(self._wait_steps(waiter, params, token, deadline=deadline,
+                                        notified=notified))  # fmt: skip
 
     def _take(
         self, params: dict[str, Any], key: str, token: str, *, row_seen: bool = False
     ) -> Grant | None:
-        """One try: the grant if this owner holds the lock now, else None. The first
-        statement follows what this process knows of the key's row: a waiter that found
-        it held a moment ago (`row_seen`) sends the upsert, which decides whether the
-        row is there or not, so a poll is one statement; a key whose row it has seen
-        lately, the update that takes it; any other key, the insert that makes it.
-        Where the update or the insert grants nothing, the upsert decides."""
+        """One try: the grant if this owner holds the lock now, else None."""
         sent_at = time.monotonic()
-        if row_seen:
-            first = self._upsert_sql
-        else:
-            first = self._take_sql if key in self._rows_seen else self._insert_sql
+        first = self._first_statement(key, row_seen)
         fence = self._fence_from(first, params, key, token)
-        if fence is None and first is not self._upsert_sql:
-            self._saw_row(key)
+        if fence is None and self._then_upsert(first, key):
             fence = self._fence_from(self._upsert_sql, params, key, token)
         return None if fence is None else Grant(token, fence, 1, sent_at)
 
     def _fence_from(
         self, statement: _Statement, params: dict[str, Any], key: str, token: str
     ) -> int | None:
-        """The new grant's fence, or None if `statement` granted nothing."""
         try:
             rows, fence, row = self._run(statement, params, ambiguous=True, key=key, token=token)
         except self._duplicate_key:  # MySQL's insert: a row is there
             return None
-        if not self._mysql:
-            return None if row is None else int(row[0])  # RETURNING
-        # LAST_INSERT_ID: 0 when nothing was granted, and also when a trigger on the
-        # table hid it from an insert's reply (MariaDB does). That row is this owner's:
-        # the upsert, whose reply keeps it, takes it over.
-        return fence if rows and fence else None
-
-    def _saw_row(self, key: str) -> None:
-        seen = self._rows_seen
-        if len(seen) >= _ROWS_SEEN:
-            seen.clear()  # bounded: forgotten keys cost one more statement once
-        seen[key] = None
+        return self._fence_of(rows, fence, row)
 
     def _release(self, lease: Lease) -> bool:
-        params = {"name": lease.key, "owner": lease.owner, "fence": lease.fence}
-        released = self._run(self._release_sql, params)[0] == 1
-        self._saw_row(lease.key)  # kept, free: the next try goes straight to the upsert
+        released = self._run(self._release_sql, self._grant_params(lease))[0] == 1
         if released:  # the lock is free
             self._wakeups.wake(lease.key)
-        self._releases += 1
-        if self._releases % _PURGE_EVERY == 0:
+        if self._released_row(lease.key):
             self.purge()
         return released
 
@@ -609,25 +731,15 @@ class DatabaseProvider(ProviderBase):
         return deleted
 
     def _extend(self, lease: Lease, ttl: float) -> bool:
-        params = {
-            "name": lease.key,
-            "owner": lease.owner,
-            "fence": lease.fence,
-            "ttl_us": round(ttl * 1e6),
-        }
+        params = {**self._grant_params(lease), "ttl_us": round(ttl * 1e6)}
         return self._run(self._extend_sql, params)[0] == 1
 
     def _is_held(self, lease: Lease) -> bool:
-        params = {"name": lease.key, "owner": lease.owner, "fence": lease.fence}
-        return self._run(self._is_held_sql, params)[2] is not None
+        return self._run(self._is_held_sql, self._grant_params(lease))[2] is not None
 
     def _holder(self, key: str) -> Holder | None:
         self._ready()
-        row = self._run(self._holder_sql, {"name": key})[2]
-        if row is None:
-            return None
-        owner, _, fence, left_us = row
-        return Holder(key, self.name, owner, None, int(fence), int(left_us) / 1e6)
+        return self._holder_of(key, self._run(self._holder_sql, {"name": key})[2])
 
     def _break(self, key: str) -> Holder | None:
         """Guarded by the fence read: a grant made since is not touched (None then)."""
@@ -651,34 +763,33 @@ class DatabaseProvider(ProviderBase):
             self.engine.dispose()
 
 
-def _make_engine(
-    url: str, connect_timeout: float, socket_timeout: float, connect_args: dict[str, Any]
-) -> Engine:
+def _pause_for(holder: Holder | None) -> float:
+    """Where releases are heard of, how long the head waits before it asks again: until
+    the holder's expiry (a dead holder's lock frees itself then), at most `_NUDGE`."""
+    left = _NUDGE if holder is None or holder.expires_in is None else holder.expires_in
+    return min(max(left, 0.0) + 0.001, _NUDGE)
+
+
+def make_engine(
+    url: str,
+    connect_timeout: float,
+    socket_timeout: float,
+    connect_args: dict[str, Any],
+    *,
+    parse: Callable[[str], sa.engine.URL] = dialects.database_url,
+    create: Callable[..., E] = sa.create_engine,  # type: ignore[assignment]
+) -> E:
     """An engine whose connections run in autocommit mode: one statement, one round trip.
-    It pools nothing itself (`ConnectionPool` does); it makes connections, and serves
-    the rare setup statements."""
-    parsed = dialects.database_url(url)
+    It pools nothing itself (the face's pool does); it makes connections, and serves
+    the rare setup statements. The asyncio face passes its own `parse` (the asyncio
+    driver of the URL's family) and `create` (`create_async_engine`)."""
+    parsed = parse(url)
     args = dialects.connect_args(parsed, connect_timeout, socket_timeout, connect_args)
     dialects.check_tls_files(parsed, args)
     try:
-        return sa.create_engine(
-            parsed, isolation_level="AUTOCOMMIT", poolclass=NullPool, connect_args=args
-        )
+        return create(parsed, isolation_level="AUTOCOMMIT", poolclass=NullPool, connect_args=args)
     except (exc.ArgumentError, exc.NoSuchModuleError) as error:
         raise ValueError(f"url {dialects.redacted(url)!r}: {error}") from None
-
-
-def _check_writable(connection: Any) -> None:
-    """The pool's check on MySQL/MariaDB: one round trip that refuses a read-only server,
-    whatever the user's privileges (see the module's docstring)."""
-    cursor = connection.cursor()
-    try:
-        cursor.execute("SELECT @@global.read_only")
-        row = cursor.fetchone()
-    finally:
-        cursor.close()
-    if row is not None and int(row[0]):
-        raise Refused("@@global.read_only = 1")
 
 
 def _in_memory(url: sa.engine.URL) -> bool:
@@ -686,8 +797,7 @@ def _in_memory(url: sa.engine.URL) -> bool:
     return database in ("", ":memory:") or url.query.get("mode") == "memory"
 
 
-def _address(engine: Engine) -> str:
-    url = engine.url
+def _address(url: sa.engine.URL) -> str:
     if url.get_backend_name() == "sqlite":
         return f"sqlite:{url.database or ':memory:'}"
     return f"{url.host or 'localhost'}:{url.port or ''}".rstrip(":")
