@@ -171,6 +171,7 @@ CAMPAIGNS = {
     ),
     # a Sentinel primary killed or paused (then failed over, and demoted once it returns)
     # under synced grants: no failover may hand a held lock to a second owner
+    "aio-mariadb": Spec("aio-mariadb", ("aio-mariadb",), ("kill", "pause", "worker", "stop")),
     "redis-sentinel": Spec(
         "redis-sentinel", ("redis-sentinel",), ("kill", "pause", "worker"), outage=(0.5, 2.0)
     ),
@@ -216,6 +217,9 @@ def build(spec: Spec, worker: str) -> tuple[LockProvider, float]:
         elif kind == "zookeeper":
             cls = prefix.SilentZooKeeper if spec.variant == "zk-silent" else ZooKeeperProvider
             providers.append(cls(address, name="zk", session_timeout=SESSION))
+        elif kind == "aio-mariadb":
+            made = aio.DatabaseProvider(address, name="db", watchdog_ttl=1.0, socket_timeout=1.0)
+            providers.append(Threaded(made))
         else:
             providers.append(
                 DatabaseProvider(address, name="db", watchdog_ttl=1.0, socket_timeout=1.0)
@@ -637,6 +641,7 @@ def leftovers(spec: Spec, servers: dict[str, Any]) -> Iterator[tuple[str, str]]:
         "postgresql": "SELECT name FROM locks WHERE expires_at > "
         "CAST(EXTRACT(EPOCH FROM clock_timestamp()) * 1000000 AS BIGINT)",
     }
+    live_rows["aio-mariadb"] = live_rows["mariadb"]
     for kind, query in live_rows.items():
         if kind in servers:
             for name in servers[kind].sql(query).splitlines():
@@ -673,6 +678,7 @@ def main(argv: list[str] | None = None) -> int:
         "aio-redis-hash": lambda path: started_at(path, RedisServer(path)),
         "zookeeper": lambda path: started_at(path, ZooKeeperServer(path)),
         "mariadb": lambda path: started_at(path, MariaDBServer(path)),
+        "aio-mariadb": lambda path: started_at(path, MariaDBServer(path)),
         "postgresql": lambda path: started_at(path, PostgreSQLServer(path)),
         "redis-sentinel": lambda path: PrimaryOf(started_at(path, SentinelTopology(path))),
         "redis-quorum": lambda path: MembersOf(started_at(path, RedisMasters(path))),
