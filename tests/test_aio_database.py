@@ -266,6 +266,52 @@ def test_a_release_runs_to_its_end_when_its_task_is_cancelled(networked: Any, ke
     assert free(url, key), "a cancelled release was abandoned halfway"
 
 
+def test_a_release_reaches_a_waiter_of_another_provider_by_notify_also_after_a_restart(
+    postgresql_server: Any, key: str
+) -> None:
+    """The waiter's poll interval is a minute and the holder's lease 60 s, and the two
+    providers share no line of waiters: only PostgreSQL's notice can wake it in time.
+    Then the server restarts under them, and the listening connection is made anew."""
+
+    async def handed_over(holder: aio.DatabaseProvider, waiter: aio.DatabaseProvider,
+                          name: str) -> float:  # fmt: skip
+        lease = await holder.acquire(name, ttl=60)
+        assert lease is not None
+
+        async def wait() -> float:
+            got = await waiter.acquire(name, ttl=30, wait=20)
+            assert got is not None, "the waiter never got the lock"
+            return time.monotonic()
+
+        task = asyncio.create_task(wait())
+        await asyncio.sleep(0.5)  # asleep on the key by now
+        released_at = time.monotonic()
+        await holder.release(lease)
+        return await task - released_at
+
+    async def main() -> list[float]:
+        holder = aio.DatabaseProvider(postgresql_server.url)
+        waiter = aio.DatabaseProvider(postgresql_server.url, poll_interval=60)
+        try:
+            took = [await handed_over(holder, waiter, f"{key}:0")]
+            await asyncio.to_thread(postgresql_server.restart)
+            for provider in (holder, waiter):  # their pooled connections broke
+                for _ in range(50):
+                    with contextlib.suppress(BackendUnavailable):
+                        await provider.ping()
+                        break
+                    await asyncio.sleep(0.1)
+            took.append(await handed_over(holder, waiter, f"{key}:1"))
+            return took
+        finally:
+            await holder.close()
+            await waiter.close()
+
+    before, after = run(main)
+    assert before < 0.5, f"woken by its poll after {before:.2f} s, not by the release"
+    assert after < 0.5, f"no notice heard after the restart ({after:.2f} s)"
+
+
 # -- faults --------------------------------------------------------------------------------
 
 

@@ -36,6 +36,7 @@ from sqlalchemy.util import greenlet_spawn
 
 from locks.aio.base import AsyncProviderBase
 from locks.aio.dbpool import AsyncConnectionPool, Connection
+from locks.aio.notices import AsyncNotices
 from locks.aio.wakeups import Lines
 from locks.backends import dialects
 from locks.backends.database import (
@@ -111,14 +112,23 @@ class DatabaseProvider(DatabaseRules, AsyncProviderBase):
         )
         self._setup = asyncio.Lock()
         self._lines = Lines()
+        self._notices = None
+        if self._dialect == "postgresql":  # releases are announced: heard of at once
+            self._notices = AsyncNotices(
+                self._connect, self._close_connection, self._channel,
+                on_notice=self._lines.wake, on_gap=self._lines.wake_all,
+                timeout=self.socket_timeout,
+            )  # fmt: skip
         # token -> the acquire statement under way for it (`_release_unknown` waits)
         self._in_flight: dict[str, asyncio.Task[Any]] = {}
 
     def after_fork_in_child(self) -> None:
         super().after_fork_in_child()
         self._setup = asyncio.Lock()  # the parent's loop's, as its waiters and statements
-        self._lines = Lines()
+        self._lines.reset()
         self._in_flight = {}
+        if self._notices is not None:
+            self._notices.reset()
 
     # -- connections ------------------------------------------------------------------
 
@@ -224,8 +234,10 @@ class DatabaseProvider(DatabaseRules, AsyncProviderBase):
         if grant is not None or (deadline is not None and time.monotonic() >= deadline):
             return grant
         async with self._lines.waiting(key) as waiter:
+            # subscribed before the next look: a release from now on is heard of
+            notified = self._notices is not None and await self._notices.listen()
             return await run_async(
-                self._wait_steps(waiter, params, token, deadline=deadline, notified=False)
+                self._wait_steps(waiter, params, token, deadline=deadline, notified=notified)
             )
 
     async def _take(
@@ -305,6 +317,8 @@ class DatabaseProvider(DatabaseRules, AsyncProviderBase):
         await self._run(self._ping_sql, {})
 
     async def _close_io(self) -> None:
+        if self._notices is not None:
+            await self._notices.close()
         await self._connections.close()
         if self._owns_engine:
             await self.engine.dispose()

@@ -80,6 +80,10 @@ class Lines:
     here, or the head leaving, wakes the next), on one loop."""
 
     def __init__(self) -> None:
+        self.reset()
+
+    def reset(self) -> None:
+        """No line (also in a forked child: the parent's waiting tasks are not here)."""
         self._lines: dict[str, deque[Waiter]] = {}
 
     @contextlib.asynccontextmanager
@@ -101,4 +105,9 @@ class Lines:
         """`key` was released: the head of its line tries at once."""
         line = self._lines.get(key)
         if line:
+            line[0].wake()
+
+    def wake_all(self) -> None:
+        """Releases may have gone unheard: every head looks again."""
+        for line in self._lines.values():
             line[0].wake()

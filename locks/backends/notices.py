@@ -100,12 +100,16 @@ class Notices:
         connection = new_connection(self._engine)
         cursor = connection.cursor()
         try:
-            quoted = self._channel.replace('"', '""')
-            cursor.execute(f'LISTEN "{quoted}"')
+            cursor.execute(listen_to(self._channel))
         finally:
             cursor.close()
         self._listening.set()
         return connection
+
+
+def listen_to(channel: str) -> str:
+    quoted = channel.replace('"', '""')
+    return f'LISTEN "{quoted}"'
 
 
 def _drain(connection: Any, timeout: float) -> list[str]:
