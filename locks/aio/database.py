@@ -18,7 +18,8 @@ overtake it and find nothing, leaving the row held until its ttl).
 
 Waiting: a process's first waiting task on a key polls every `poll_interval`
 (jittered); the others wait their turn and are woken when it leaves or when a release
-is made here. PostgreSQL's release notices are not listened to on this face yet.
+is made here; on PostgreSQL, also when a release anywhere is announced (LISTEN/NOTIFY,
+`locks.aio.notices`), so its waiters hear of it at once.
 """
 
 from __future__ import annotations
