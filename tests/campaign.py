@@ -218,8 +218,8 @@ def build(spec: Spec, worker: str) -> tuple[LockProvider, float]:
             cls = prefix.SilentZooKeeper if spec.variant == "zk-silent" else ZooKeeperProvider
             providers.append(cls(address, name="zk", session_timeout=SESSION))
         elif kind == "aio-mariadb":
-            made = aio.DatabaseProvider(address, name="db", watchdog_ttl=1.0, socket_timeout=1.0)
-            providers.append(Threaded(made))
+            providers.append(Threaded(aio.DatabaseProvider(address, name="db", watchdog_ttl=1.0,
+                                                           socket_timeout=1.0)))  # fmt: skip
         else:
             providers.append(
                 DatabaseProvider(address, name="db", watchdog_ttl=1.0, socket_timeout=1.0)

@@ -18,6 +18,7 @@ from typing import Any
 
 import pytest
 import redis
+import redis.asyncio as aioredis
 
 from locks import LockTimeout, aio, from_config
 from locks.aio.base import AsyncProviderBase
@@ -368,6 +369,52 @@ def test_1000_tasks_on_local_locks_never_hold_the_loop_for_a_step(key: str) -> N
         gc.enable()
         logging.getLogger("asyncio").removeHandler(handler)
     pytest.fail(f"steps over 5 ms in every try: {seen}")
+
+
+# -- a restart under held leases ---------------------------------------------------------
+
+
+@pytest.mark.parametrize("given", [False, True], ids=["own-client", "given-client"])
+@pytest.mark.parametrize("kind", ["redis", "redis-hash"], indirect=False)
+def test_a_redis_restarted_empty_has_every_lease_on_it_told_lost_when_a_connection_returns(
+    kind: str, given: bool, redis_server: RedisServer, key: str
+) -> None:
+    """As the threaded face's test: the first connection that meets the new run (here a
+    ping's) has each lease checked, and the ones gone are lost at once, before any
+    renewal (30 s away) or release."""
+    lost: list[Lease] = []
+
+    async def main() -> None:
+        client = aioredis.Redis.from_url(redis_server.url) if given else None
+        options: dict[str, Any] = {"client": client} if given else {}
+        provider = make(kind, redis_server.url, **options)
+        try:
+            renewed = await provider.acquire(key, on_lost=lost.append)
+            fixed = await provider.acquire(key + ":fixed", ttl=60, on_lost=lost.append)
+            assert renewed is not None and fixed is not None
+            await asyncio.to_thread(redis_server.restart)
+            for _ in range(40):  # the first call meets the pooled connection the restart cut
+                with contextlib.suppress(BackendUnavailable):
+                    await provider.ping()
+                    break
+                await asyncio.sleep(0.05)
+            for _ in range(200):
+                if len(lost) == 2:
+                    break
+                await asyncio.sleep(0.01)
+            assert {id(lease) for lease in lost} == {id(renewed), id(fixed)}, "unnoticed"
+            assert "restarted or failed over" in (renewed.state.reason or "")
+            with pytest.raises(LockNotOwned, match="lost"):
+                await provider.release(renewed)
+            again = await provider.acquire(key, ttl=30, wait=0)  # the server agrees
+            assert again is not None
+            await provider.release(again)
+        finally:
+            await provider.close()
+            if client is not None:
+                await client.aclose()
+
+    run(main)
 
 
 # -- leases end with their loop; async callbacks --------------------------------------

@@ -13,11 +13,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import inspect
 import logging
 import math
 import os
 import time
-from collections.abc import Hashable, Sequence
+from collections.abc import Awaitable, Callable, Hashable, Sequence
 from typing import Any
 
 import redis
@@ -44,9 +45,11 @@ from locks.backends.redis.algorithms import (
     text,
     try_outcome,
 )
+from locks.backends.redis.runs import REFUSED, RunWatch, lost_in_new_run
 from locks.backends.redis.scripts import Script
 from locks.backends.redis.topology import DEFAULT_URL, Timeouts, topology
 from locks.errors import AccessDenied, BackendError, BackendUnavailable, LockError
+from locks.holds import Hold
 from locks.keeper import Grant
 from locks.names import check_name
 from locks.provider import Holder, Lease
@@ -122,6 +125,8 @@ class _AsyncRedisBase(Algorithm, AsyncProviderBase):
             kwargs = client.connection_pool.connection_kwargs
             self._db = int(kwargs.get("db", 0) or 0)
             self.address = _address(kwargs)
+            self._runs = RunWatch(self._where(), False, self._run_changed)
+            kwargs["redis_connect_func"] = self._hook(kwargs.get("redis_connect_func"))
         else:
             if isinstance(url, str) and "+" in url.split("://", 1)[0]:
                 raise ValueError(
@@ -133,9 +138,11 @@ class _AsyncRedisBase(Algorithm, AsyncProviderBase):
                 username=username, password=password, sentinel_username=None,
                 sentinel_password=None, tls=tls, sentinel_tls=None, timeouts=timeouts,
             )  # fmt: skip
-            self._pool_settings = _settings(threaded.client(), timeouts)
-            self._client, self._owned = _client(self._pool_settings), True
             self._db, self.address = threaded.db, threaded.address
+            self._runs = RunWatch(self._where(), False, self._run_changed)
+            self._pool_settings = _settings(threaded.client(), timeouts)
+            self._pool_settings["redis_connect_func"] = self._hook(None)
+            self._client, self._owned = _client(self._pool_settings), True
             self._passwords = threaded.secrets()
         self._notifier = AsyncNotifier(self._pubsub, prefix, self._pass_on, self._error)
 
@@ -148,6 +155,48 @@ class _AsyncRedisBase(Algorithm, AsyncProviderBase):
             # takes its socket out of the epoll instance the child shares with its parent
             _LEFT_BY_PARENT.append(self._client)
             self._client = _client(self._pool_settings)
+
+    def _hook(self, previous: Callable[[Any], Any] | None) -> Callable[[Any], Awaitable[None]]:
+        """Every new connection's handshake (`previous`, a given client's own, or the
+        usual one), then the server's run_id read for `self._runs`
+        (`locks.backends.redis.runs`: a restart or failover under held leases)."""
+
+        async def connected(connection: Any) -> None:
+            if previous is None:
+                await connection.on_connect()
+            else:
+                done = previous(connection)
+                if inspect.isawaitable(done):
+                    await done
+            runs = self._runs
+            if not runs.asks:
+                return
+            await connection.send_command("INFO", "server")
+            try:
+                reply = await connection.read_response()
+            except REFUSED as refused:
+                runs.refuse(refused)
+                return
+            runs.heard(connection, reply)
+
+        return connected
+
+    def _run_changed(self) -> None:
+        """A connection met a server run it had not seen: every lease held here is
+        checked, in the background (not inside the connection's handshake)."""
+        held = self._holds()
+        if held:
+            self._in_background(self._check_after_new_run(held))
+
+    async def _check_after_new_run(self, held: list[Hold]) -> None:
+        try:
+            present = [await self._areporting(hold.key, self._is_held(hold.anchor))
+                       for hold in held]  # fmt: skip
+        except LockError:  # gone again: each lease hears at its next renewal or release
+            return
+        for hold, here in zip(held, present, strict=True):
+            if not here:
+                self._lose(hold, lost_in_new_run(self.address))
 
     def _pubsub(self) -> Any:
         return self._client.pubsub()
@@ -355,6 +404,7 @@ class _AsyncRedisBase(Algorithm, AsyncProviderBase):
             await self._client.ping()
 
     async def _close_io(self) -> None:
+        self._runs.closed = True  # a given client's connections keep the hook: it idles
         await self._notifier.close()
         if self._owned:
             await self._client.aclose()

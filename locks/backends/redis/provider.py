@@ -36,7 +36,7 @@ from locks.backends.redis.algorithms import (
     try_outcome,
 )
 from locks.backends.redis.notify import NO_RESULT, ReleaseNotifier
-from locks.backends.redis.runs import RunWatch
+from locks.backends.redis.runs import RunWatch, lost_in_new_run
 from locks.backends.redis.scripts import Script
 from locks.backends.redis.topology import DEFAULT_URL, Client, replica_sync, topology
 from locks.base import Grant, ProviderBase
@@ -482,7 +482,7 @@ class _RedisProviderBase(Algorithm, ProviderBase):
             return
         for hold, here in zip(held, present, strict=True):
             if not here:
-                self._lose(hold, f"{self.address} restarted or failed over without its grant")
+                self._lose(hold, lost_in_new_run(self.address))
 
     def _is_held(self, lease: Lease) -> bool:
         return self._still_held([lease])[0]

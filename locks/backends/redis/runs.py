@@ -30,6 +30,9 @@ from redis.exceptions import NoPermissionError, ResponseError
 
 logger = logging.getLogger("locks")
 
+# INFO refused: an ACL user without +info (either face's errors: the asyncio ones are these)
+REFUSED = (NoPermissionError, ResponseError)
+
 _RUN_ID = re.compile(r"^run_id:([0-9a-fA-F]+)\s*$", re.MULTILINE)
 
 ConnectFunc = Callable[[AbstractConnection], None]
@@ -64,14 +67,24 @@ class RunWatch:
         return connected
 
     def connected(self, connection: AbstractConnection) -> None:
-        if self.refused or self.closed:
+        if not self.asks:
             return
         connection.send_command("INFO", "server")  # type: ignore[no-untyped-call]
         try:
             reply: Any = connection.read_response()
-        except (NoPermissionError, ResponseError) as refused:
-            self._refuse(refused)
+        except REFUSED as refused:
+            self.refuse(refused)
             return
+        self.heard(connection, reply)
+
+    @property
+    def asks(self) -> bool:
+        """Whether a new connection is to ask for the run_id (`INFO server`)."""
+        return not (self.refused or self.closed)
+
+    def heard(self, connection: Any, reply: Any) -> None:
+        """`INFO server`'s reply on a new connection (either face's): `changed()` if its
+        run is not the last one seen there."""
         text = reply.decode() if isinstance(reply, bytes) else str(reply)
         found = _RUN_ID.search(text)
         if found is None:  # a proxy or a server that hides it: nothing to compare
@@ -83,7 +96,7 @@ class RunWatch:
         if before != found.group(1):
             self._changed()
 
-    def _refuse(self, error: Exception) -> None:
+    def refuse(self, error: Exception) -> None:
         with self._lock:
             if self.refused:
                 return
@@ -96,6 +109,11 @@ class RunWatch:
         )  # fmt: skip
 
 
-def _node_of(connection: AbstractConnection) -> str:
+def lost_in_new_run(address: str) -> str:
+    """The reason a lease gone after a new run is lost with."""
+    return f"{address} restarted or failed over without its grant"
+
+
+def _node_of(connection: Any) -> str:
     host, port = getattr(connection, "host", None), getattr(connection, "port", None)
     return f"{host}:{port}" if host is not None else str(getattr(connection, "path", ""))
