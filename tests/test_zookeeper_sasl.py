@@ -308,7 +308,7 @@ def test_an_unknown_auth_is_refused_before_any_io(
     def no_client(*args: Any, **kwargs: Any) -> None:
         raise AssertionError("a client was made")
 
-    monkeypatch.setattr("locks.backends.zookeeper.KazooClient", no_client)
+    monkeypatch.setattr("locks.backends.zookeeper_session.KazooClient", no_client)
     with pytest.raises(ValueError, match=r"^auth must be 'digest' or 'sasl'"):
         ZooKeeperProvider("127.0.0.1:1", auth=auth, username="locker", password=PASSWORD)
 

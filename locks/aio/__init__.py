@@ -21,6 +21,7 @@ if TYPE_CHECKING:
     from locks.aio.handle import AsyncLock
     from locks.aio.local import LocalProvider
     from locks.aio.redis import RedisHashProvider, RedisProvider
+    from locks.aio.zookeeper import ZooKeeperProvider
 
 __all__ = [
     "AsyncLock",
@@ -31,6 +32,7 @@ __all__ = [
     "LocalProvider",
     "RedisHashProvider",
     "RedisProvider",
+    "ZooKeeperProvider",
     "from_config",
 ]
 
@@ -45,6 +47,7 @@ __getattr__ = lazy_names(
         "LocalProvider": ("locks.aio.local", None),
         "RedisProvider": ("locks.aio.redis", "redis"),
         "RedisHashProvider": ("locks.aio.redis", "redis"),
+        "ZooKeeperProvider": ("locks.aio.zookeeper", "zookeeper"),
         "DatabaseProvider": ("locks.aio.database", "aio-mysql"),
     },
 )

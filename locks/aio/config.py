@@ -20,6 +20,7 @@ ASYNC_TYPES = {
     "redis": "locks.aio.redis:RedisProvider",
     "redis-hash": "locks.aio.redis:RedisHashProvider",
     "database": "locks.aio.database:DatabaseProvider",
+    "zookeeper": "locks.aio.zookeeper:ZooKeeperProvider",
 }
 
 
