@@ -227,8 +227,13 @@ class Backend:
                 provider.close()
         elif self.kind == "file":  # an operator's `rm`: the name's file goes, fence and all
             FileProvider(self.address).path_of(key).unlink()
-        elif self.kind.removeprefix("aio-") in ("mariadb", "sqlite", "postgresql", "mariadb-least",
-                                                "postgresql-least"):
+        elif self.kind.removeprefix("aio-") in (
+            "mariadb",
+            "sqlite",
+            "postgresql",
+            "mariadb-least",
+            "postgresql-least",
+        ):
             engine = sa.create_engine(self.address)
             with engine.begin() as conn:
                 conn.execute(sa.text("DELETE FROM locks WHERE name = :name"), {"name": key})
