@@ -167,6 +167,7 @@ def test_an_acquire_cancelled_while_the_server_holds_its_statement_is_undone(
             networked.pause()
             task = asyncio.create_task(provider.acquire(key, ttl=60))
             await asyncio.sleep(0.2)  # sent, not answered
+            assert not task.done(), f"answered while the server was paused: {task}"
             task.cancel()
             threading.Timer(0.3, networked.resume).start()
             try:

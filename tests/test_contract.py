@@ -106,7 +106,8 @@ def test_one_try_from_1000_threads_exactly_one_wins(backend: Backend, key: str) 
     # 1000 requests at once queue on kazoo's one connection thread: on a slow machine
     # the last reply comes after the 1 s request timeout, a (correct) outage that is
     # not what this test is about
-    options = {"request_timeout": 10.0} if backend.kind == "zookeeper" else {}
+    zookeeper = backend.kind.removeprefix("aio-").startswith("zookeeper")
+    options = {"request_timeout": 10.0} if zookeeper else {}
     provider = backend.make(**options)
     leases = run_threads(1000, lambda _: provider.acquire(key, ttl=30, wait=0))
     winners = [lease for lease in leases if lease is not None]

@@ -201,6 +201,48 @@ def test_nodes_left_by_lost_replies_are_deleted_when_zookeeper_answers(
     zk.release(lease)
 
 
+def test_a_create_that_times_out_on_a_live_connection_leaves_no_node_once_it_runs(
+    zookeeper_server: ZooKeeperServer, key: str
+) -> None:
+    """ZooKeeper paused longer than the request timeout, shorter than the session's:
+    the create times out (an ambiguous outage), the cleaner's listing times out too, and
+    the connection never drops. Once the server answers, the node the create made must
+    go; left, it would hold the lock for the session's life with nobody to release it."""
+    zk = ZooKeeperProvider(zookeeper_server.hosts, session_timeout=20.0, request_timeout=0.5)
+    other = ZooKeeperProvider(zookeeper_server.hosts)
+    try:
+        zk.ping()
+        held = other.acquire(key, wait=0)  # keeps the lock's parent (a container) there
+        assert held is not None
+        zookeeper_server.pause()
+        try:
+            failed: list[BaseException] = []
+            # another thread: on this one, the key held by `other` would just nest
+            asker = threading.Thread(target=lambda: _raised(failed, zk.acquire, key, wait=0))
+            asker.start()
+            asker.join(10)
+            assert failed and isinstance(failed[0], BackendUnavailable), failed
+            time.sleep(1.5)  # the cleaner's own listing has timed out by now
+        finally:
+            zookeeper_server.resume()
+        other.release(held)
+        # its reply comes as soon as the server runs again: the node goes then (left to a
+        # reconnection, it would stay while the connection lives: seconds here, or ever)
+        lease = other.acquire(key, wait=1)
+        assert lease is not None, "the timed-out create's node holds the lock"
+        other.release(lease)
+    finally:
+        zk.close()
+        other.close()
+
+
+def _raised(into: list[BaseException], call: Any, *args: Any, **kwargs: Any) -> None:
+    try:
+        call(*args, **kwargs)
+    except BaseException as error:
+        into.append(error)
+
+
 def test_reentrant_leases_share_one_node(
     zk: ZooKeeperProvider, admin: KazooClient, key: str
 ) -> None:
@@ -280,6 +322,34 @@ def test_a_waiter_keeps_one_watch_however_long_it_waits(
     assert got and got[0] is not None
     waiter.release(got[0])
     waiter.close()
+
+
+def test_a_break_after_a_connection_loss_is_still_heard(
+    zookeeper_server: ZooKeeperServer, admin: KazooClient, key: str
+) -> None:
+    """kazoo drops every watch when its connection is lost (it fires them with a NONE
+    event). The held node's watch is set again once the connection is back: a break
+    that comes afterwards is heard at once, not at the holder's next call."""
+    zk = ZooKeeperProvider(zookeeper_server.hosts, session_timeout=3.0)
+    lost = threading.Event()
+    try:
+        lease = zk.acquire(key, on_lost=lambda _: lost.set())
+        assert lease is not None
+        time.sleep(0.2)  # its node is watched by now
+        zookeeper_server.pause()
+        try:
+            assert wait_for(lambda: lease.state.suspended, 5), "never suspended"
+        finally:
+            zookeeper_server.resume()
+        assert wait_for(lambda: not lease.state.suspended, 5), "never reconnected"
+        time.sleep(0.2)
+        parent = f"/locks/{zookeeper_node_name(key)}"
+        for child in admin.get_children(parent):  # an operator breaks the lock
+            admin.delete(f"{parent}/{child}")
+        assert lost.wait(2), "the break after the reconnection went unheard"
+        assert lease.lost
+    finally:
+        zk.close()
 
 
 @pytest.mark.parametrize(

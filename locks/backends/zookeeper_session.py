@@ -509,6 +509,8 @@ class ZooKeeperSession(LeaseKeeper):
                 self._connections += 1
             clean = self._start_cleaner()
         if state == KazooState.CONNECTED:
+            if self._connected_once:  # back: kazoo dropped every watch when it was lost
+                self._hand_off(self._watch_again)
             self._connected_once = True
             self._up.set()
         if state == KazooState.SUSPENDED:
@@ -522,6 +524,14 @@ class ZooKeeperSession(LeaseKeeper):
             self._run_in_background(self._cleaning_steps())
         elif state == KazooState.LOST and held:
             self._hand_off(self._lose_all, held, "the ZooKeeper session expired")
+
+    def _watch_again(self) -> None:
+        """After a connection loss, each held node's watch is set again (kazoo has no
+        SetWatches: it fires every watch with a NONE event when the connection goes, and
+        forgets them); a node deleted meanwhile is heard of in the reply."""
+        for token, node in list(self._nodes.items()):
+            with contextlib.suppress(KazooException):  # lost again: the listener hears it
+                self._watch_own(node, token)
 
     def _suspended_too_long(self, since: float) -> None:
         """Still no answer a whole session timeout after the connection was lost: the
@@ -652,8 +662,8 @@ class ZooKeeperSession(LeaseKeeper):
                 except NoNodeError:
                     yield from self._parent_steps(parent)
                     continue
-                except UNAVAILABLE:
-                    self._leave(parent, token)  # it may have run
+                except UNAVAILABLE:  # it may have run, or may yet (a reply not come in time)
+                    self._create_abandoned(created, parent, token)
                     raise
                 except GeneratorExit:  # its caller is gone: the create runs on all the same
                     self._create_abandoned(created, parent, token)
@@ -669,9 +679,19 @@ class ZooKeeperSession(LeaseKeeper):
         raise self._unavailable(NoNodeError(f"{parent} keeps disappearing"), key=key)
 
     def _create_abandoned(self, created: Any, parent: str, token: str) -> None:
-        """A create whose reply nobody waits for any more: whatever it makes must go.
-        Left to the cleaner here, whose list is answered after the create."""
+        """A create whose reply nobody waits for any more (it timed out, or its caller
+        is gone): whatever it makes must go. Left to the cleaner, and followed: when
+        its reply comes, the node it made is deleted. (The cleaner's own listing may
+        have timed out as well, on a connection that lives on: nothing else would look
+        again while it does, and the node would hold the lock.)"""
         self._leave(parent, token)
+
+        def answered(result: Any) -> None:  # on kazoo's completion thread
+            if result.successful():
+                path = result.value[0]
+                self._run_in_background(self._delete_steps(parent, path, token))
+
+        created.rawlink(answered)
 
     def _parent_steps(self, parent: str) -> Steps[None]:
         request = _CreateContainer(
