@@ -681,6 +681,116 @@ def _room_for_labels(axes: Any, values: Sequence[float]) -> None:
         axes.set_xlim(right=max(values, default=1.0) * 40)
 
 
+class AioTwinPair(TypedDict):
+    """One pair of `benchmarks.aio_twins`: a provider type on both faces, one server."""
+
+    id: str
+    label: str  # the server
+    asyncio: str  # the asyncio face's name in `uncontended` and `crowds`
+    threaded: str  # its threaded twin's
+    server: str  # with its version
+
+
+class AioTwinsResults(AioResults):
+    """docs/img/aio_twins.json: `benchmarks.aio`'s record, with the pairs measured."""
+
+    pairs: list[AioTwinPair]
+
+
+# the two faces as `draw_aio_twins` draws them: (legend, hatch); threads hatched, as in aio.png
+_TWIN_FACES = (("locks.aio: tasks on one loop", None), ("locks.backends: threads", "//"))
+_TWIN_HEIGHT = 0.38  # of a bar: two per pair, a pair one unit apart
+
+
+def draw_aio_twins(results: AioTwinsResults, path: Path | None = None) -> Path:
+    """docs/img/aio_twins.png: per pair, the asyncio face (solid) next to its threaded
+    twin (hatched): uncontended cycles/s and hand-off (median bar, p99 mark) on top, the
+    crowd's grants/s and acquire p99 (p50 mark) below; the asyncio bar of a rate says
+    its ratio to the twin's."""
+    from matplotlib.patches import Patch  # noqa: PLC0415  # matplotlib stays optional
+
+    path = path or IMAGES / "aio_twins.png"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    pairs = results["pairs"]
+    rows = {r["name"]: r for r in results["uncontended"]}
+    crowds = {c["library"]: c for c in results["crowds"]}
+    faces = [(rows[p["asyncio"]], rows[p["threaded"]]) for p in pairs]
+    crowd_faces = [(crowds[p["asyncio"]], crowds[p["threaded"]]) for p in pairs]
+    figure = _figure(14, 3.0 + 1.3 * len(pairs))
+    (rate_axes, handoff_axes), (grant_axes, p99_axes) = figure.subplots(
+        2, 2, sharey=True, gridspec_kw={"width_ratios": [1.15, 1]}
+    )
+    _twin_rates(rate_axes, [(a["cycles_per_second"], t["cycles_per_second"]) for a, t in faces],
+                "uncontended acquire + release, cycles/s\n(higher is better)")  # fmt: skip
+    _twin_times(handoff_axes, [((a["handoff_ms"], a["handoff_p99_ms"]),
+                                (t["handoff_ms"], t["handoff_p99_ms"])) for a, t in faces],
+                "hand-off to a waiter of the same process, ms: median bar, p99 mark",
+                "#d62728")  # fmt: skip
+    first = crowd_faces[0][0] if crowd_faces else None
+    crowd = f"{first['workers']} workers over {first['keys']} keys" if first else "a crowd"
+    _twin_rates(grant_axes, [(a["grants_per_second"], t["grants_per_second"])
+                             for a, t in crowd_faces],
+                f"{crowd}, grants/s (higher is better)")  # fmt: skip
+    _twin_times(p99_axes, [((a["p99_ms"], a["p50_ms"]), (t["p99_ms"], t["p50_ms"]))
+                           for a, t in crowd_faces],
+                f"{crowd}, acquire from call to return, ms:\np99 bar, p50 mark",
+                "black")  # fmt: skip
+    for axes in (rate_axes, grant_axes):
+        axes.set_yticks(range(len(pairs)), [p["label"] for p in pairs])
+    rate_axes.invert_yaxis()  # the table's order, top to bottom (shared by every panel)
+    for axes in (rate_axes, handoff_axes, grant_axes, p99_axes):
+        axes.grid(axis="x", alpha=0.3)
+    figure.legend(
+        handles=[Patch(facecolor=OURS_COLOUR, hatch=hatch, edgecolor="white")
+                 for _, hatch in _TWIN_FACES],
+        labels=[label for label, _ in _TWIN_FACES],
+        loc="outside lower center", ncols=2, fontsize=8,
+    )  # fmt: skip
+    return _save(figure, f"{results['title']} ({results['stamp']})", path)
+
+
+def _twin_y(pair: int, face: int) -> float:
+    return pair + (face - 0.5) * (_TWIN_HEIGHT + 0.02)
+
+
+def _twin_rates(axes: Any, rates: Sequence[tuple[float, float]], label: str) -> None:
+    """Per pair, both faces' rates from 0 (bar lengths are the ratios)."""
+    for index, pair in enumerate(rates):
+        for face, (rate, (_, hatch)) in enumerate(zip(pair, _TWIN_FACES, strict=True)):
+            y = _twin_y(index, face)
+            axes.barh(y, rate, _TWIN_HEIGHT, color=OURS_COLOUR, hatch=hatch, edgecolor="white")
+            ratio = f" ({rate / pair[1]:.2f}x)" if face == 0 and pair[1] else ""
+            axes.annotate(f" {rate:,.0f}{ratio}", (rate, y), va="center", fontsize=8)
+    axes.set_xlim(0, max((r for pair in rates for r in pair), default=1.0) * 1.35)
+    axes.set_xlabel(label)
+
+
+def _twin_times(
+    axes: Any,
+    times: Sequence[tuple[tuple[float | None, float | None], ...]],
+    label: str,
+    mark: str,
+) -> None:
+    """Per pair, both faces' (bar, mark) times, on `_bar_scale`'s scale, each labelled
+    low / high."""
+    shown = [v for pair in times for face in pair for v in face if v is not None]
+    low = _bar_scale(axes, shown, label)
+    _room_for_labels(axes, shown)
+    for index, pair in enumerate(times):
+        for face, ((bar, tick), (_, hatch)) in enumerate(zip(pair, _TWIN_FACES, strict=True)):
+            y = _twin_y(index, face)
+            if bar is None:
+                axes.annotate(" — (not measured)", (low, y), va="center", fontsize=8)
+                continue
+            axes.barh(y, bar - low, _TWIN_HEIGHT, left=low, color=OURS_COLOUR, hatch=hatch,
+                      edgecolor="white")  # fmt: skip
+            if tick is not None:
+                axes.scatter([tick], [y], marker="|", s=90, color=mark, zorder=3)
+            both = sorted(v for v in (bar, tick) if v is not None)  # "p50 / p99", either way
+            text = " " + " / ".join(_short(v) for v in both) + " ms"
+            axes.annotate(text, (both[-1], y), va="center", fontsize=8)
+
+
 # -- docs/benchmarks.md ------------------------------------------------------------------
 
 
@@ -754,6 +864,9 @@ def parse_results(name: str, lines: Sequence[str]) -> list[Result]:
     return results
 
 
+OWN_REDRAW = ("failover", "scale", "aio_twins")
+
+
 def redraw(names: Sequence[str], report: Path = REPORT) -> list[Path]:
     """Draw each named benchmark's image from its newest section's table, and link it
     from that section if it is not yet."""
@@ -761,8 +874,11 @@ def redraw(names: Sequence[str], report: Path = REPORT) -> list[Path]:
     newest = {section.name: section for section in sections(lines)}
     drawn = []
     inserts: list[tuple[int, str]] = []
-    # failover's and scale's images are drawn by their own modules (`--redraw`)
-    for name in names or [n for n in newest if n not in ("failover", "scale")]:
+    # failover's, scale's and aio_twins' images are drawn by their own modules (`--redraw`)
+    for name in names or [n for n in newest if n not in OWN_REDRAW]:
+        if name in OWN_REDRAW:
+            raise SystemExit(f"benchmarks.{name} draws its own image: "
+                             f"python -m benchmarks.{name} --redraw")  # fmt: skip
         section = newest.get(name)
         if section is None:
             raise SystemExit(f"no section of benchmarks.{name} in {report}")
