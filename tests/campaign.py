@@ -35,6 +35,7 @@ from pathlib import Path
 from typing import Any
 
 from locks import Breaker, FallbackChain, Lease, LockError, LockLost, LockProvider, Switch, aio
+from locks.aio.base import AsyncProviderBase
 from locks.backends import DatabaseProvider, RedisHashProvider, ZooKeeperProvider
 from locks.quorum import Quorum
 from tests import checker
@@ -172,6 +173,9 @@ CAMPAIGNS = {
     # a Sentinel primary killed or paused (then failed over, and demoted once it returns)
     # under synced grants: no failover may hand a held lock to a second owner
     "aio-mariadb": Spec("aio-mariadb", ("aio-mariadb",), ("kill", "pause", "worker", "stop")),
+    "aio-zookeeper": Spec(
+        "aio-zookeeper", ("aio-zookeeper",), ("kill", "pause", "expire", "worker")
+    ),
     "redis-sentinel": Spec(
         "redis-sentinel", ("redis-sentinel",), ("kill", "pause", "worker"), outage=(0.5, 2.0)
     ),
@@ -203,9 +207,8 @@ def build(spec: Spec, worker: str) -> tuple[LockProvider, float]:
         address = spec.addresses[kind]
         if kind == "redis-hash":
             providers.append(RedisHashProvider(address, name="redis", watchdog_ttl=1.0))
-        elif kind == "aio-redis-hash":
-            made = aio.RedisHashProvider(address, name="redis", watchdog_ttl=1.0)
-            providers.append(Threaded(made))
+        elif kind.startswith("aio-"):  # each worker's calls made by tasks of its own
+            providers.append(Threaded(_asyncio_provider(kind, address)))
         elif kind == "redis-sentinel":
             synced = 0 if spec.variant == "no-sync" else 1
             providers.append(RedisHashProvider(address, name="redis", watchdog_ttl=1.0,
@@ -217,9 +220,6 @@ def build(spec: Spec, worker: str) -> tuple[LockProvider, float]:
         elif kind == "zookeeper":
             cls = prefix.SilentZooKeeper if spec.variant == "zk-silent" else ZooKeeperProvider
             providers.append(cls(address, name="zk", session_timeout=SESSION))
-        elif kind == "aio-mariadb":
-            providers.append(Threaded(aio.DatabaseProvider(address, name="db", watchdog_ttl=1.0,
-                                                           socket_timeout=1.0)))  # fmt: skip
         else:
             providers.append(
                 DatabaseProvider(address, name="db", watchdog_ttl=1.0, socket_timeout=1.0)
@@ -237,6 +237,15 @@ def build(spec: Spec, worker: str) -> tuple[LockProvider, float]:
     )  # fmt: skip
     # a chain may try every tier, each within its retries: wait + one timeout per tier
     return chain, timeout * len(providers) + 0.5
+
+
+def _asyncio_provider(kind: str, address: str) -> AsyncProviderBase:
+    """The asyncio face of a kind, set up as its threaded twin is above."""
+    if kind == "aio-redis-hash":
+        return aio.RedisHashProvider(address, name="redis", watchdog_ttl=1.0)
+    if kind == "aio-zookeeper":
+        return aio.ZooKeeperProvider(address, name="zk", session_timeout=SESSION)
+    return aio.DatabaseProvider(address, name="db", watchdog_ttl=1.0, socket_timeout=1.0)
 
 
 def run_worker(spec: Spec, worker: str, folder: str, seed: int, stop_at: float) -> None:
@@ -338,9 +347,10 @@ def _publish_session(provider: LockProvider, path: Path) -> None:
     """Where the nemesis finds a worker's ZooKeeper session, to expire it."""
     tiers = getattr(provider, "tiers", {"": provider})
     for tier in tiers.values():
-        if isinstance(tier, ZooKeeperProvider):
+        zookeeper = getattr(tier, "aio", tier)  # the asyncio face's, behind its bridge
+        if isinstance(zookeeper, (ZooKeeperProvider, aio.ZooKeeperProvider)):
             tier.ping()  # connected: the session exists
-            session_id, password = tier.client.client_id
+            session_id, password = zookeeper.client.client_id
             path.write_text(json.dumps([session_id, password.hex()]))
 
 
@@ -429,9 +439,8 @@ class Nemesis:
         path = self.rng.choice(sessions)
         session_id, password = json.loads(path.read_text())
         self.log(f"expire zookeeper session of {path.stem}", path.stem)
-        intruder = KazooClient(
-            hosts=self.spec.addresses["zookeeper"], client_id=(session_id, bytes.fromhex(password))
-        )
+        hosts = next(a for k, a in self.spec.addresses.items() if k.endswith("zookeeper"))
+        intruder = KazooClient(hosts=hosts, client_id=(session_id, bytes.fromhex(password)))
         intruder.start(timeout=5)
         intruder.stop()
         intruder.close()
@@ -608,6 +617,19 @@ def run(
     return outcome
 
 
+def _zookeeper_leftovers(hosts: str) -> Iterator[tuple[str, str]]:
+    from kazoo.client import KazooClient  # noqa: PLC0415
+
+    zk = KazooClient(hosts=hosts)
+    zk.start(timeout=10)
+    if zk.exists("/locks"):
+        for parent in zk.get_children("/locks"):
+            for child in zk.get_children(f"/locks/{parent}"):
+                yield "zookeeper node", f"/locks/{parent}/{child}"
+    zk.stop()
+    zk.close()
+
+
 def leftovers(spec: Spec, servers: dict[str, Any]) -> Iterator[tuple[str, str]]:
     """Lock state still on the servers once every worker stopped and every lease of a
     dead one has run out: there should be none."""
@@ -624,18 +646,11 @@ def leftovers(spec: Spec, servers: dict[str, Any]) -> Iterator[tuple[str, str]]:
                 elif client.pttl(name) < 0:
                     yield "redis key without ttl", f"{url}: {name}"
             reader.close()
-    if "zookeeper" in servers:
-        from kazoo.client import KazooClient  # noqa: PLC0415
-
-        zk = KazooClient(hosts=servers["zookeeper"].url)
-        zk.start(timeout=10)
-        if zk.exists("/locks"):
-            for parent in zk.get_children("/locks"):
-                for child in zk.get_children(f"/locks/{parent}"):
-                    yield "zookeeper node", f"/locks/{parent}/{child}"
-        zk.stop()
-        zk.close()
-    live_rows = {  # each database's rows whose lease has not run out, by its own clock
+    for kind in ("zookeeper", "aio-zookeeper"):
+        if kind in servers:
+            yield from _zookeeper_leftovers(servers[kind].url)
+    live_rows = {
+        # each database's rows whose lease has not run out, by its own clock
         "mariadb": "SELECT name FROM locks.locks WHERE expires_at > "
         "TIMESTAMPDIFF(MICROSECOND, '1970-01-01 00:00:00', UTC_TIMESTAMP(6))",
         "postgresql": "SELECT name FROM locks WHERE expires_at > "
@@ -677,6 +692,7 @@ def main(argv: list[str] | None = None) -> int:
         "redis-hash": lambda path: started_at(path, RedisServer(path)),
         "aio-redis-hash": lambda path: started_at(path, RedisServer(path)),
         "zookeeper": lambda path: started_at(path, ZooKeeperServer(path)),
+        "aio-zookeeper": lambda path: started_at(path, ZooKeeperServer(path)),
         "mariadb": lambda path: started_at(path, MariaDBServer(path)),
         "aio-mariadb": lambda path: started_at(path, MariaDBServer(path)),
         "postgresql": lambda path: started_at(path, PostgreSQLServer(path)),

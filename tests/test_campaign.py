@@ -14,7 +14,7 @@ from tests import campaign, checker
 from tests.campaign import CAMPAIGNS, Spec
 
 FIXTURES = {"redis-hash": "redis_server", "aio-redis-hash": "redis_server",
-            "zookeeper": "zookeeper_server",
+            "zookeeper": "zookeeper_server", "aio-zookeeper": "zookeeper_server",
             "mariadb": "mariadb_server", "aio-mariadb": "mariadb_server",
             "postgresql": "postgresql_server",
             "redis-sentinel": "sentinel_topology",
@@ -49,7 +49,8 @@ def done(outcome: campaign.Outcome, f: str) -> int:
     ("name", "seed"),
     [("redis-hash", 101), ("zookeeper", 202), ("mariadb", 303), ("safe-chain", 404),
      ("fast-chain", 505), ("redis-sentinel", 606), ("redis-quorum", 707),
-     ("postgresql", 808), ("aio-redis-hash", 909), ("aio-mariadb", 1010)],
+     ("postgresql", 808), ("aio-redis-hash", 909), ("aio-mariadb", 1010),
+     ("aio-zookeeper", 1111)],
 )  # fmt: skip
 def test_a_short_campaign_finds_nothing(
     name: str, seed: int, request: pytest.FixtureRequest, tmp_path: Path
