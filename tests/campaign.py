@@ -345,7 +345,7 @@ def _still_valid(history: History, lease: Lease, told: set[str]) -> bool:
 
 def _publish_session(provider: LockProvider, path: Path) -> None:
     """Where the nemesis finds a worker's ZooKeeper session, to expire it."""
-    tiers = getattr(provider, "tiers", {"": provider})
+    tiers = getattr(provider, "tiers", None) or {"": provider}  # a bridged provider: {}
     for tier in tiers.values():
         zookeeper = getattr(tier, "aio", tier)  # the asyncio face's, behind its bridge
         if isinstance(zookeeper, (ZooKeeperProvider, aio.ZooKeeperProvider)):
