@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import importlib.util
 import time
 from collections.abc import Mapping
@@ -183,9 +184,9 @@ class DatabaseProvider(DatabaseRules, AsyncProviderBase):
                 raise self._unavailable(error, key=key) from error
             task = self._in_background(self._on(connection, statement, params))
             task.add_done_callback(_seen)
-            if token is not None:
+            if token is not None:  # one try's statements follow each other: the newest
                 self._in_flight[token] = task
-                task.add_done_callback(lambda _: self._in_flight.pop(token, None))
+                task.add_done_callback(functools.partial(self._landed, token))
             try:
                 # bounded here too: a driver may take its time to give up (psycopg asks
                 # the server to cancel the statement, ~10 s against a paused one)
@@ -201,6 +202,10 @@ class DatabaseProvider(DatabaseRules, AsyncProviderBase):
                     raise
                 raise failed from error
         raise AssertionError("unreachable: the last attempt returns or raises")
+
+    def _landed(self, token: str, task: asyncio.Task[Any]) -> None:
+        if self._in_flight.get(token) is task:
+            del self._in_flight[token]
 
     async def _on(
         self, connection: Connection, statement: _Statement, params: dict[str, Any]

@@ -61,6 +61,22 @@ class Managed(Protocol):
 S = TypeVar("S", bound=Managed)
 
 
+def _all_stopped(pid: int) -> bool:
+    """Whether every thread of `pid` is stopped (or gone)."""
+    try:
+        threads = list(Path(f"/proc/{pid}/task").iterdir())
+    except OSError:
+        return True
+    for thread in threads:
+        try:
+            state = (thread / "stat").read_text().rpartition(") ")[2][:1]
+        except OSError:
+            continue  # it ended
+        if state not in ("T", "t", "Z", "X"):
+            return False
+    return True
+
+
 class ServerProcess:
     """A server we own: start, kill -9, pause/resume, restart on the same port."""
 
@@ -104,10 +120,18 @@ class ServerProcess:
             self.process = None
 
     def pause(self) -> None:
-        """SIGSTOP: the server keeps its sockets but answers nothing (a blackhole)."""
+        """SIGSTOP: the server keeps its sockets but answers nothing (a blackhole).
+        Returns once every thread of it has stopped: on a busy machine the signal can
+        take a while to reach them, and a request sent meanwhile was answered (a
+        cancellation test saw its acquire granted "while paused")."""
         assert self.process is not None
         self.process.send_signal(signal.SIGSTOP)
         self.paused = True
+        deadline = time.monotonic() + 5
+        while not _all_stopped(self.process.pid):
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"{type(self).__name__} (pid {self.process.pid}) did not stop")
+            time.sleep(0.001)
 
     def resume(self) -> None:
         assert self.process is not None
