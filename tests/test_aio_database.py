@@ -67,7 +67,7 @@ async def warmed(url: str, key: str, **options: Any) -> aio.DatabaseProvider:
         ("mysql://u:p@127.0.0.1:1/locks", "asyncmy"),
         ("mysql+pymysql://u:p@127.0.0.1:1/locks", "asyncmy"),  # the threaded face's URL
         ("mariadb://u:p@127.0.0.1:1/locks", "asyncmy"),
-        ("mysql+aiomysql://u:p@127.0.0.1:1/locks", "aiomysql"),  # named: kept
+        ("sqlite+aiosqlite:////tmp/locks-aio-url-test.db", "aiosqlite"),  # named: kept
         ("postgres://u:p@127.0.0.1:1/locks", "psycopg"),
         ("postgresql+psycopg2://u:p@127.0.0.1:1/locks", "psycopg"),
         ("sqlite:////tmp/locks-aio-url-test.db", "aiosqlite"),
