@@ -56,6 +56,7 @@ CLASSES: dict[str, type[LeaseKeeper]] = {
     "aio-redis": aio.RedisProvider,
     "aio-redis-hash": aio.RedisHashProvider,
     "aio-zookeeper": aio.ZooKeeperProvider,
+    "aio-file": aio.FileProvider,
     "aio-mariadb": aio.DatabaseProvider,
     "aio-sqlite": aio.DatabaseProvider,
     "aio-postgresql": aio.DatabaseProvider,
@@ -87,6 +88,7 @@ SERVERS: dict[str, tuple[str, ...]] = {
     "aio-redis-hash": ("redis_server",),
     "aio-chain": ("redis_server",),
     "aio-zookeeper": ("zookeeper_server",),
+    "aio-file": ("lock_directory",),
     "aio-mariadb": ("mariadb_server",),
     "aio-sqlite": ("sqlite_file",),
     "aio-postgresql": ("postgresql_server",),
@@ -100,6 +102,7 @@ DEAD_ADDRESS = {
     "aio-redis-hash": "redis://127.0.0.1:{port}/0",
     "aio-chain": "redis://127.0.0.1:{port}/0",
     "aio-zookeeper": "127.0.0.1:{port}",
+    "aio-file": "/dev/null/locks-{port}",
     "aio-mariadb": "mysql+pymysql://locks:pw@127.0.0.1:{port}/locks",
     "aio-sqlite": "sqlite:////nonexistent-dir-{port}/locks.db",
     "aio-postgresql": "postgresql://locks:pw@127.0.0.1:{port}/locks",
@@ -225,7 +228,7 @@ class Backend:
                 provider = RedisProvider(url)
                 provider.client.delete(f"locks:{{{redis_hash_tag(key)}}}")
                 provider.close()
-        elif self.kind == "file":  # an operator's `rm`: the name's file goes, fence and all
+        elif self.kind in ("file", "aio-file"):  # an operator's `rm`: its fence goes too
             FileProvider(self.address).path_of(key).unlink()
         elif self.kind.removeprefix("aio-") in (
             "mariadb",

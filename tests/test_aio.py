@@ -717,8 +717,10 @@ def test_the_same_toml_gives_an_asyncio_registry(redis_server: RedisServer, key:
 
 
 def test_config_errors_are_the_threaded_registrys_and_missing_types_are_named() -> None:
-    with pytest.raises(ConfigError, match=r"backends\.f\.type: 'file' has no asyncio"):
-        aio.from_config({"backends": {"f": {"type": "file", "path": "/tmp/locks-aio-none"}}})
+    members = {name: {"type": "local"} for name in ("a", "b", "c")}
+    quorum = {"type": "quorum", "members": ["a", "b", "c"]}
+    with pytest.raises(ConfigError, match=r"backends\.q\.type: 'quorum' has no asyncio"):
+        aio.from_config({"backends": {**members, "q": quorum}})
     bad = {"backends": {"r": {"type": "redis", "url": "redis://127.0.0.1:1/0", "colour": 1}}}
     with pytest.raises(ConfigError) as threaded:
         from_config(bad)

@@ -18,6 +18,7 @@ if TYPE_CHECKING:
     from locks.aio.chain import FallbackChain
     from locks.aio.config import AsyncRegistry, from_config
     from locks.aio.database import DatabaseProvider
+    from locks.aio.file import FileProvider
     from locks.aio.handle import AsyncLock
     from locks.aio.local import LocalProvider
     from locks.aio.redis import RedisHashProvider, RedisProvider
@@ -29,6 +30,7 @@ __all__ = [
     "AsyncRegistry",
     "DatabaseProvider",
     "FallbackChain",
+    "FileProvider",
     "LocalProvider",
     "RedisHashProvider",
     "RedisProvider",
@@ -45,6 +47,7 @@ __getattr__ = lazy_names(
         "AsyncRegistry": ("locks.aio.config", None),
         "from_config": ("locks.aio.config", None),
         "LocalProvider": ("locks.aio.local", None),
+        "FileProvider": ("locks.aio.file", None),
         "RedisProvider": ("locks.aio.redis", "redis"),
         "RedisHashProvider": ("locks.aio.redis", "redis"),
         "ZooKeeperProvider": ("locks.aio.zookeeper", "zookeeper"),

@@ -21,6 +21,7 @@ ASYNC_TYPES = {
     "redis-hash": "locks.aio.redis:RedisHashProvider",
     "database": "locks.aio.database:DatabaseProvider",
     "zookeeper": "locks.aio.zookeeper:ZooKeeperProvider",
+    "file": "locks.aio.file:FileProvider",
 }
 
 

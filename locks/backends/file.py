@@ -43,12 +43,14 @@ import threading
 import time
 from collections.abc import Callable, Hashable
 from pathlib import Path
-from typing import NamedTuple, TypeVar
+from typing import Any, NamedTuple, TypeVar
 
 from locks.backends.wakeups import Wakeups
-from locks.base import Grant, ProviderBase
+from locks.base import ProviderBase
+from locks.keeper import Grant, LeaseKeeper
 from locks.names import check_seconds
 from locks.provider import Capabilities, Holder, Lease
+from locks.steps import Steps, call, run
 
 T = TypeVar("T")
 
@@ -158,8 +160,12 @@ def _clock_fence() -> int:
     return time.time_ns() // 1000
 
 
-class FileProvider(ProviderBase):
-    """Type `file`: one file per lock in a directory; the processes of one host."""
+class FileStore(LeaseKeeper):
+    """Type `file`, what both faces share: the directory, the files, their flock'ed
+    read-modify-writes (`_*_now`, each microseconds of system calls that may wait for a
+    flock: the asyncio face runs them off its loop), and the waiting turns as steps.
+    The threaded face (`FileProvider`) and the asyncio one (`locks.aio.FileProvider`)
+    add only how they call and wait."""
 
     type_name = "file"
 
@@ -179,15 +185,7 @@ class FileProvider(ProviderBase):
     unavailable_errors = (OSError,)
     denied_errors = (PermissionError,)
 
-    def __init__(
-        self,
-        path: str | os.PathLike[str],
-        *,
-        name: str = "file",
-        watchdog_ttl: float = 30.0,
-        flock_timeout: float = 1.0,
-    ) -> None:
-        super().__init__(name, watchdog_ttl)
+    def _configure(self, path: str | os.PathLike[str], flock_timeout: float) -> None:
         if not isinstance(path, str | os.PathLike):
             raise TypeError(f"path must be a str or a path, not {type(path).__name__}")
         folder = os.fspath(path)
@@ -201,7 +199,6 @@ class FileProvider(ProviderBase):
         # for it is behind a process frozen (SIGSTOP) mid-operation, an outage
         self.flock_timeout = check_seconds(flock_timeout, "flock_timeout")
         self._directory_made = False
-        self._wakeups = _wakeups_of(self.address)
 
     def path_of(self, key: str) -> Path:
         """The file that holds `key`'s lease."""
@@ -291,33 +288,33 @@ class FileProvider(ProviderBase):
 
     # -- the algorithm ---------------------------------------------------------------------
 
-    def _acquire(
-        self, key: str, owner: str, token: str, ttl: float, deadline: float | None
-    ) -> Grant | None:
-        grant, left = self._try(key, owner, token, ttl)
-        if grant is not None or (deadline is not None and time.monotonic() >= deadline):
-            return grant
-        with self._wakeups.waiting(key) as waiter:
-            delay = _FIRST_PAUSE
-            while True:
-                if waiter.first:  # one thread per key and process polls; the rest queue
-                    # jittered backoff, never past the holder's expiry (a holder that
-                    # died frees the name then); a release here wakes it at once
-                    pause = min(random.uniform(delay / 2, delay), max(left, 0.0))
-                    delay = min(delay * 2, _MAX_PAUSE)
-                else:  # woken when the head leaves, or when a thread here releases
-                    pause = _QUEUED_PAUSE
-                if deadline is not None:
-                    pause = min(pause, deadline - time.monotonic())
-                waiter.sleep(pause)
-                if waiter.first:
-                    grant, left = self._try(key, owner, token, ttl)
-                    if grant is not None:
-                        return grant
-                if deadline is not None and time.monotonic() >= deadline:
-                    return None
+    def _wait_steps(
+        self, waiter: Any, key: str, owner: str, token: str, ttl: float, *,
+        deadline: float | None, left: float,
+    ) -> Steps[Grant | None]:  # fmt: skip
+        """A waiter's turns after a first try found `key` held for `left` more seconds:
+        only the first waiter of this process on a key polls (`waiter.first`), the
+        others queue behind it, woken when it leaves or when a release is made here."""
+        delay = _FIRST_PAUSE
+        while True:
+            if waiter.first:
+                # jittered backoff, never past the holder's expiry (a holder that died
+                # frees the name then); a release here wakes it at once
+                pause = min(random.uniform(delay / 2, delay), max(left, 0.0))
+                delay = min(delay * 2, _MAX_PAUSE)
+            else:  # woken when the head leaves, or when a release is made here
+                pause = _QUEUED_PAUSE
+            if deadline is not None:
+                pause = min(pause, deadline - time.monotonic())
+            yield from call(waiter, "sleep", pause)
+            if waiter.first:
+                grant, left = yield from call(self, "_try", key, owner, token, ttl)
+                if grant is not None:
+                    return grant  # type: ignore[no-any-return]
+            if deadline is not None and time.monotonic() >= deadline:
+                return None
 
-    def _try(self, key: str, owner: str, token: str, ttl: float) -> tuple[Grant | None, float]:
+    def _try_now(self, key: str, owner: str, token: str, ttl: float) -> tuple[Grant | None, float]:
         """One try: the grant, or None and how long the holder's lease has left."""
         sent_at = time.monotonic()  # the lease's validity counts from here
 
@@ -334,18 +331,17 @@ class FileProvider(ProviderBase):
 
         return self._transact(key, take, create=True)
 
-    def _release(self, lease: Lease) -> bool:
+    def _free_now(self, lease: Lease) -> bool:
+        """Free `lease`'s grant (found by owner and token: a fence is not needed)."""
+
         def free(record: _Record | None) -> tuple[_Record | None, bool]:
             if record is None or not record.grant_of(lease):
                 return None, False
             return record.freed(), True
 
-        released = self._transact(lease.key, free)
-        if released:
-            self._wakeups.wake(lease.key)
-        return released
+        return self._transact(lease.key, free)
 
-    def _extend(self, lease: Lease, ttl: float) -> bool:
+    def _extend_now(self, lease: Lease, ttl: float) -> bool:
         def extend(record: _Record | None) -> tuple[_Record | None, bool]:
             now = time.time()
             if record is None or not record.grant_of(lease) or not record.held(now):
@@ -354,13 +350,13 @@ class FileProvider(ProviderBase):
 
         return self._transact(lease.key, extend)
 
-    def _is_held(self, lease: Lease) -> bool:
+    def _held_now(self, lease: Lease) -> bool:
         def held(record: _Record | None) -> tuple[None, bool]:
             return None, record is not None and record.grant_of(lease) and record.held(time.time())
 
         return self._transact(lease.key, held, exclusive=False)
 
-    def _holder(self, key: str) -> Holder | None:
+    def _holder_now(self, key: str) -> Holder | None:
         def look(record: _Record | None) -> tuple[None, Holder | None]:
             now = time.time()
             if record is None or not record.held(now):
@@ -370,7 +366,7 @@ class FileProvider(ProviderBase):
 
         return self._transact(key, look, exclusive=False)
 
-    def _break(self, key: str) -> Holder | None:
+    def _end_now(self, key: str) -> Holder | None:
         """End whoever holds `key` now, whatever its owner (an operator breaking a stuck
         lock): its next extend, renewal or release finds it gone, and the next grant's
         fence is above the broken one's. The holder it ended, or None."""
@@ -382,15 +378,66 @@ class FileProvider(ProviderBase):
             ended = Holder(key, self.name, record.owner, None, record.fence, record.expires - now)
             return record.freed(), ended
 
-        ended = self._transact(key, end)
-        if ended is not None:
-            self._wakeups.wake(key)
-        return ended
+        return self._transact(key, end)
 
-    def ping(self) -> None:
+    def _probe_now(self) -> None:
         """Make the directory if it is missing, and create (and remove) a file in it."""
         with self._translated():
             self._make_directory()
             descriptor, probe = tempfile.mkstemp(prefix=".ping-", dir=self.directory)
             os.close(descriptor)
             os.unlink(probe)
+
+
+class FileProvider(FileStore, ProviderBase):
+    """Type `file`: one file per lock in a directory; the processes of one host."""
+
+    def __init__(
+        self,
+        path: str | os.PathLike[str],
+        *,
+        name: str = "file",
+        watchdog_ttl: float = 30.0,
+        flock_timeout: float = 1.0,
+    ) -> None:
+        super().__init__(name, watchdog_ttl)
+        self._configure(path, flock_timeout)
+        self._wakeups = _wakeups_of(self.address)
+
+    def _acquire(
+        self, key: str, owner: str, token: str, ttl: float, deadline: float | None
+    ) -> Grant | None:
+        grant, left = self._try(key, owner, token, ttl)
+        if grant is not None or (deadline is not None and time.monotonic() >= deadline):
+            return grant
+        with self._wakeups.waiting(key) as waiter:
+            return run(self._wait_steps(waiter, key, owner, token, ttl, deadline=deadline,
+                                        left=left))  # fmt: skip
+
+    def _try(self, key: str, owner: str, token: str, ttl: float) -> tuple[Grant | None, float]:
+        return self._try_now(key, owner, token, ttl)
+
+    def _release(self, lease: Lease) -> bool:
+        released = self._free_now(lease)
+        if released:
+            self._wakeups.wake(lease.key)
+        return released
+
+    def _extend(self, lease: Lease, ttl: float) -> bool:
+        return self._extend_now(lease, ttl)
+
+    def _is_held(self, lease: Lease) -> bool:
+        return self._held_now(lease)
+
+    def _holder(self, key: str) -> Holder | None:
+        return self._holder_now(key)
+
+    def _break(self, key: str) -> Holder | None:
+        ended = self._end_now(key)
+        if ended is not None:
+            self._wakeups.wake(key)
+        return ended
+
+    def ping(self) -> None:
+        """Make the directory if it is missing, and create (and remove) a file in it."""
+        self._probe_now()
