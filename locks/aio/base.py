@@ -13,11 +13,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import inspect
 import logging
 import time
 from abc import ABC, abstractmethod
-from collections.abc import Awaitable, Callable, Coroutine, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, TypeVar
 
 from locks.aio.handle import MakesAsyncLocks
@@ -45,10 +46,13 @@ class AsyncProviderBase(LeaseKeeper, MakesAsyncLocks, ABC):
             f"locks-renew-{self.name}", self._renew_holds, self._end_holds
         )
         self._background: set[asyncio.Future[Any]] = set()  # kept alive until done
+        # token -> the acquire's request under way for it (`_track`, `_settled`)
+        self._in_flight: dict[str, asyncio.Future[Any]] = {}
         start_afresh_when_forked(self)
 
     def after_fork_in_child(self) -> None:
         self._background = set()  # the parent's loop's
+        self._in_flight = {}
 
     # -- what a backend implements -------------------------------------------------
 
@@ -293,13 +297,37 @@ class AsyncProviderBase(LeaseKeeper, MakesAsyncLocks, ABC):
         with contextlib.suppress(LockError):
             await self._areporting(lease.key, (release or self._release)(lease))
 
-    def _in_background(self, call: Coroutine[Any, Any, R]) -> asyncio.Task[R]:
-        """Run `call` on its own (what must finish whatever happens to its caller);
-        `close` waits for it."""
-        task = asyncio.get_running_loop().create_task(call)
-        self._background.add(task)
-        task.add_done_callback(self._background.discard)
-        return task
+    def _in_background(self, call: Awaitable[R]) -> asyncio.Future[R]:
+        """Run `call` (a coroutine, or a future already running: an executor's) on its
+        own, what must finish whatever happens to its caller; `close` waits for it."""
+        running = asyncio.ensure_future(call, loop=asyncio.get_running_loop())
+        self._background.add(running)
+        running.add_done_callback(self._background.discard)
+        return running
+
+    def _track(self, token: str | None, request: asyncio.Future[Any]) -> None:
+        """`request` runs in the background (its caller may be cancelled). With a
+        `token`, it may make the grant the token names: a release by that token waits
+        for it (`_settled`). Its error is its caller's; one whose caller was cancelled
+        is read here, so that asyncio does not log it as never retrieved."""
+        if token is not None:
+            self._in_flight[token] = request
+        request.add_done_callback(functools.partial(self._landed, token))
+
+    def _landed(self, token: str | None, request: asyncio.Future[Any]) -> None:
+        if token is not None and self._in_flight.get(token) is request:
+            del self._in_flight[token]  # only its own: a try's requests follow each other
+        if not request.cancelled():
+            request.exception()
+
+    async def _settled(self, token: str) -> None:
+        """Once the request under way that may make `token`'s grant has answered: a
+        release sent beside it could run first, find nothing, and leave the grant for
+        its ttl."""
+        request = self._in_flight.get(token)
+        if request is not None:
+            with contextlib.suppress(Exception):  # its outcome is its caller's, not ours
+                await asyncio.shield(request)
 
     async def _background_done(self) -> None:
         """Wait for what runs in the background (each bounded by its own timeouts)."""

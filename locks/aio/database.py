@@ -25,8 +25,6 @@ is made here; on PostgreSQL, also when a release anywhere is announced (LISTEN/N
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import functools
 import importlib.util
 import time
 from collections.abc import Mapping
@@ -121,14 +119,11 @@ class DatabaseProvider(DatabaseRules, AsyncProviderBase):
                 on_notice=self._lines.wake, on_gap=self._lines.wake_all,
                 timeout=self.socket_timeout,
             )  # fmt: skip
-        # token -> the acquire statement under way for it (`_release_unknown` waits)
-        self._in_flight: dict[str, asyncio.Task[Any]] = {}
 
     def after_fork_in_child(self) -> None:
         super().after_fork_in_child()
         self._setup = asyncio.Lock()  # the parent's loop's, as its waiters and statements
         self._lines.reset()
-        self._in_flight = {}
         if self._notices is not None:
             self._notices.reset()
 
@@ -183,10 +178,7 @@ class DatabaseProvider(DatabaseRules, AsyncProviderBase):
             except self._take_errors as error:  # nothing was sent
                 raise self._unavailable(error, key=key) from error
             task = self._in_background(self._on(connection, statement, params))
-            task.add_done_callback(_seen)
-            if token is not None:  # one try's statements follow each other: the newest
-                self._in_flight[token] = task
-                task.add_done_callback(functools.partial(self._landed, token))
+            self._track(token, task)
             try:
                 # bounded here too: a driver may take its time to give up (psycopg asks
                 # the server to cancel the statement, ~10 s against a paused one)
@@ -202,10 +194,6 @@ class DatabaseProvider(DatabaseRules, AsyncProviderBase):
                     raise
                 raise failed from error
         raise AssertionError("unreachable: the last attempt returns or raises")
-
-    def _landed(self, token: str, task: asyncio.Task[Any]) -> None:
-        if self._in_flight.get(token) is task:
-            del self._in_flight[token]
 
     async def _on(
         self, connection: Connection, statement: _Statement, params: dict[str, Any]
@@ -276,10 +264,7 @@ class DatabaseProvider(DatabaseRules, AsyncProviderBase):
 
     async def _release_unknown(self, lease: Lease) -> bool:
         """After the acquire statement that may have made the grant has answered."""
-        in_flight = self._in_flight.get(lease.token)
-        if in_flight is not None:
-            with contextlib.suppress(Exception):  # its outcome is the caller's, not ours
-                await asyncio.shield(in_flight)
+        await self._settled(lease.token)
         params = {"name": lease.key, "owner": lease.owner, "token": lease.token}
         released = (await self._run(self._release_token_sql, params))[0] == 1
         if released:
@@ -328,10 +313,3 @@ class DatabaseProvider(DatabaseRules, AsyncProviderBase):
         await self._connections.close()
         if self._owns_engine:
             await self.engine.dispose()
-
-
-def _seen(task: asyncio.Task[Any]) -> None:
-    """A statement's error is its caller's; one whose caller was cancelled is read
-    here, so that asyncio does not log it as never retrieved."""
-    if not task.cancelled():
-        task.exception()

@@ -13,7 +13,6 @@ polls, the others are woken when it leaves or when a release is made here."""
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import functools
 import os
 import time
@@ -46,26 +45,20 @@ class FileProvider(FileStore, AsyncProviderBase):
         super().__init__(name, watchdog_ttl)
         self._configure(path, flock_timeout)
         self._lines = Lines()
-        # token -> the acquire's operation under way for it (`_release_unknown` waits)
-        self._in_flight: dict[str, asyncio.Future[Any]] = {}
 
     def after_fork_in_child(self) -> None:
         super().after_fork_in_child()
-        self._lines.reset()  # the parent's loop's waiters and operations
-        self._in_flight = {}
+        self._lines.reset()  # the parent's loop's waiters
 
     async def _off_loop(
         self, operation: Callable[..., R], *args: Any, token: str | None = None
     ) -> R:
         """`operation(*args)` on an executor thread, run to its end whatever happens to
         the caller (`close` waits for it); an acquire's is known by its `token`."""
-        done: asyncio.Future[R] = asyncio.get_running_loop().run_in_executor(
-            None, functools.partial(operation, *args)
+        done = self._in_background(
+            asyncio.get_running_loop().run_in_executor(None, functools.partial(operation, *args))
         )
-        self._background.add(done)
-        done.add_done_callback(_landed(self._background, self._in_flight, token))
-        if token is not None:
-            self._in_flight[token] = done
+        self._track(token, done)
         return await asyncio.shield(done)
 
     async def _acquire(
@@ -91,10 +84,7 @@ class FileProvider(FileStore, AsyncProviderBase):
 
     async def _release_unknown(self, lease: Lease) -> bool:
         """After the acquire's operation that may have made the grant has returned."""
-        in_flight = self._in_flight.get(lease.token)
-        if in_flight is not None:
-            with contextlib.suppress(Exception):  # its outcome is the caller's, not ours
-                await asyncio.shield(in_flight)
+        await self._settled(lease.token)
         return await self._release(lease)
 
     async def _extend(self, lease: Lease, ttl: float) -> bool:
@@ -115,22 +105,3 @@ class FileProvider(FileStore, AsyncProviderBase):
     async def ping(self) -> None:
         """Make the directory if it is missing, and create (and remove) a file in it."""
         await self._off_loop(self._probe_now)
-
-
-def _landed(
-    background: set[asyncio.Future[Any]],
-    in_flight: dict[str, asyncio.Future[Any]],
-    token: str | None,
-) -> Callable[[asyncio.Future[Any]], None]:
-    """What an operation leaves when it returns: its place among the background work,
-    its token's entry if it is still its own, its error read (it is its caller's; one
-    whose caller was cancelled must not be logged as never retrieved)."""
-
-    def landed(done: asyncio.Future[Any]) -> None:
-        background.discard(done)
-        if token is not None and in_flight.get(token) is done:
-            del in_flight[token]
-        if not done.cancelled():
-            done.exception()
-
-    return landed
