@@ -43,10 +43,11 @@ from locks.backends.database import (
     _DEADLOCK_RETRIES,
     _IDLE_PING,
     DatabaseRules,
+    _refuse_read_only,
     _Statement,
     make_engine,
 )
-from locks.backends.dbpool import Refused, new_connection
+from locks.backends.dbpool import new_connection
 from locks.errors import ConfigError
 from locks.keeper import Grant
 from locks.names import check_count, check_seconds
@@ -141,8 +142,7 @@ class DatabaseProvider(DatabaseRules, AsyncProviderBase):
                 await self._ping_sql.arun(connection.driver, {})
                 return
             row = (await self._read_only_sql.arun(connection.driver, {}))[2]
-        if row is not None and int(row[0]):
-            raise Refused("@@global.read_only = 1")
+        _refuse_read_only(row)
 
     @staticmethod
     async def _close_connection(connection: Connection) -> None:

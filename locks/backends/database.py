@@ -618,9 +618,7 @@ class DatabaseProvider(DatabaseRules, ProviderBase):
     def _check_writable(self, connection: Any) -> None:
         """The pool's check on MySQL/MariaDB: one round trip that refuses a read-only
         server, whatever the user's privileges (see the module's docstring)."""
-        row = self._read_only_sql.run(connection, {})[2]
-        if row is not None and int(row[0]):
-            raise Refused("@@global.read_only = 1")
+        _refuse_read_only(self._read_only_sql.run(connection, {})[2])
 
     def _run(
         self,
@@ -761,6 +759,13 @@ class DatabaseProvider(DatabaseRules, ProviderBase):
         self._connections.close()
         if self._owns_engine:
             self.engine.dispose()
+
+
+def _refuse_read_only(row: Any) -> None:
+    """The read-only check's verdict on its reply (`SELECT @@global.read_only`), for
+    either face's pool."""
+    if row is not None and int(row[0]):
+        raise Refused("@@global.read_only = 1")
 
 
 def _pause_for(holder: Holder | None) -> float:
