@@ -162,6 +162,7 @@ class Registry:
     """The configured backends, one chain per scenario, and the shared switch."""
 
     chain_class: Any = FallbackChain  # the asyncio registry builds its face's chains
+    quorum_class: Any = Quorum  # and quorums
 
     def __init__(self, data: Mapping[str, Any], environ: Mapping[str, str]) -> None:
         _unknown(data, _TOP_KEYS, "")
@@ -223,7 +224,8 @@ class Registry:
                 raise ConfigError(f"{where}.members[{index}]: {what} {member!r}")
         options = {k: v for k, v in spec.items() if k not in ("type", "members")}
         try:
-            return Quorum([self._backends[member] for member in names], name=name, **options)
+            members = [self._backends[member] for member in names]
+            return self.quorum_class(members, name=name, **options)  # type: ignore[no-any-return]
         except (TypeError, ValueError) as exc:
             raise ConfigError(f"{_place(where, exc, options)}: {exc}") from exc
 

@@ -252,13 +252,13 @@ def test_a_release_a_member_misses_is_queued_and_sent_once_it_answers(
     assert quorum.pending("r1") == 1
     redis_masters.servers[1].start()  # with its data: the key is still held there
     member = quorum.members["r1"]
-    assert member.holder(key) is not None  # type: ignore[attr-defined]
+    assert member.holder(key) is not None
     quorum.ping()  # it answers: what waited for it is sent
     deadline = time.monotonic() + 2
     while quorum.pending("r1") and time.monotonic() < deadline:
         time.sleep(0.01)
     assert quorum.pending("r1") == 0
-    assert member.holder(key) is None  # type: ignore[attr-defined]
+    assert member.holder(key) is None
 
 
 def test_fences_strictly_increase_across_1000_grants_with_members_killed_and_restarted(

@@ -21,6 +21,7 @@ if TYPE_CHECKING:
     from locks.aio.file import FileProvider
     from locks.aio.handle import AsyncLock
     from locks.aio.local import LocalProvider
+    from locks.aio.quorum import Quorum
     from locks.aio.redis import RedisHashProvider, RedisProvider
     from locks.aio.zookeeper import ZooKeeperProvider
 
@@ -32,6 +33,7 @@ __all__ = [
     "FallbackChain",
     "FileProvider",
     "LocalProvider",
+    "Quorum",
     "RedisHashProvider",
     "RedisProvider",
     "ZooKeeperProvider",
@@ -47,6 +49,7 @@ __getattr__ = lazy_names(
         "AsyncRegistry": ("locks.aio.config", None),
         "from_config": ("locks.aio.config", None),
         "LocalProvider": ("locks.aio.local", None),
+        "Quorum": ("locks.aio.quorum", None),
         "FileProvider": ("locks.aio.file", None),
         "RedisProvider": ("locks.aio.redis", "redis"),
         "RedisHashProvider": ("locks.aio.redis", "redis"),

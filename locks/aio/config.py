@@ -9,6 +9,7 @@ from typing import Any, ParamSpec, TypeVar
 
 from locks.aio.chain import FallbackChain
 from locks.aio.handle import AsyncLock
+from locks.aio.quorum import Quorum
 from locks.config import Registry, _interpolate, _read
 from locks.errors import ConfigError
 
@@ -40,6 +41,7 @@ class AsyncRegistry(Registry):
     objects; `await registry.close()`."""
 
     chain_class = FallbackChain
+    quorum_class = Quorum
 
     def _class_of(self, type_name: str, spec: str, where: str) -> str:
         if type_name not in ASYNC_TYPES:
@@ -48,10 +50,6 @@ class AsyncRegistry(Registry):
                 f"{', '.join(ASYNC_TYPES)})"
             )
         return ASYNC_TYPES[type_name]
-
-    def _make_quorum(self, name: str, spec: Mapping[str, Any], where: str,
-                     quorums: Mapping[str, Any]) -> Any:  # fmt: skip
-        raise ConfigError(f"{where}.type: 'quorum' has no asyncio provider yet")
 
     def chain(self, scenario: str) -> FallbackChain:  # type: ignore[override]
         chain: FallbackChain = super().chain(scenario)  # type: ignore[assignment]
