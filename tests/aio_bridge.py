@@ -20,6 +20,7 @@ from typing import Any, TypeVar, cast
 from locks.aio.base import AsyncProviderBase
 from locks.aio.chain import FallbackChain
 from locks.aio.owner import task_owner
+from locks.aio.quorum import Quorum
 from locks.provider import Capabilities, Holder, Lease, LostCallback, MakesLocks
 
 R = TypeVar("R")
@@ -108,7 +109,7 @@ async def _owner() -> str:
 class Threaded(MakesLocks):
     """An asyncio provider (or chain), called as a threaded one."""
 
-    def __init__(self, provider: AsyncProviderBase | FallbackChain) -> None:
+    def __init__(self, provider: AsyncProviderBase | FallbackChain | Quorum) -> None:
         self.aio = cast(AsyncProviderBase, provider)  # a chain answers the same calls
         self.name = provider.name
 
@@ -116,6 +117,11 @@ class Threaded(MakesLocks):
     def tiers(self) -> dict[str, Threaded]:
         """A chain's tiers, called as threaded ones (closed by whoever made them)."""
         return {name: Threaded(tier) for name, tier in getattr(self.aio, "tiers", {}).items()}
+
+    @property
+    def members(self) -> dict[str, Threaded]:
+        """A quorum's members, called as threaded ones (closed by whoever made them)."""
+        return {name: Threaded(member) for name, member in getattr(self.aio, "members", {}).items()}
 
     @property
     def capabilities(self) -> Capabilities:

@@ -60,8 +60,10 @@ CLASSES: dict[str, type[LeaseKeeper]] = {
     "aio-mariadb": aio.DatabaseProvider,
     "aio-sqlite": aio.DatabaseProvider,
     "aio-postgresql": aio.DatabaseProvider,
+    "aio-redis-sentinel": aio.RedisProvider,  # (the threaded face's is the hash type)
 }
-TOPOLOGIES = ("redis-sentinel", "redis-cluster")
+QUORUMS = ("quorum", "aio-quorum")  # over the redis_masters, one member each
+TOPOLOGIES = ("redis-sentinel", "redis-cluster", "aio-redis-sentinel")
 
 # the server fixture each kind needs, if any
 SERVERS: dict[str, tuple[str, ...]] = {
@@ -92,6 +94,8 @@ SERVERS: dict[str, tuple[str, ...]] = {
     "aio-mariadb": ("mariadb_server",),
     "aio-sqlite": ("sqlite_file",),
     "aio-postgresql": ("postgresql_server",),
+    "aio-quorum": ("redis_masters",),
+    "aio-redis-sentinel": ("sentinel_topology",),
 }
 
 # an address of each kind where nobody listens, given a free port
@@ -121,6 +125,8 @@ DEAD_ADDRESS = {
     "redis-sentinel": "redis+sentinel://127.0.0.1:{port}/locks/0",
     "redis-cluster": "redis+cluster://127.0.0.1:{port}",
     "quorum": "|".join(["redis://127.0.0.1:{port}/0"] * 3),
+    "aio-quorum": "|".join(["redis://127.0.0.1:{port}/0"] * 3),
+    "aio-redis-sentinel": "redis+sentinel://127.0.0.1:{port}/locks/0",
 }
 
 
@@ -129,7 +135,7 @@ def capabilities_of(kind: str) -> Capabilities:
         return CHAIN_CAPABILITIES
     if kind == "aio-chain":  # two redis-hash tiers
         return RedisHashProvider.capabilities
-    if kind == "quorum":
+    if kind in QUORUMS:
         return QUORUM_CAPABILITIES
     return CLASSES[kind].capabilities
 
@@ -179,10 +185,13 @@ def make_provider(kind: str, address: str | None, **options: Any) -> LockProvide
             DatabaseProvider(database_url, name="database", **options),
         ]
         return Quorum(members, name="quorum-mixed")
-    if kind == "quorum":
+    if kind in QUORUMS:
         watchdog_ttl = options.pop("watchdog_ttl", 30.0)
         urls = (address or "").split("|")
-        members = [RedisHashProvider(url, name=f"r{i}", **options) for i, url in enumerate(urls)]
+        member_class: Any = aio.RedisHashProvider if kind == "aio-quorum" else RedisHashProvider
+        members = [member_class(url, name=f"r{i}", **options) for i, url in enumerate(urls)]
+        if kind == "aio-quorum":
+            return Threaded(aio.Quorum(members, name="quorum", watchdog_ttl=watchdog_ttl))
         return Quorum(members, name="quorum", watchdog_ttl=watchdog_ttl)
     cls: Any = CLASSES[kind]
     made = cls(**options) if address is None else cls(address, **options)
@@ -220,11 +229,11 @@ class Backend:
         assert self.address is not None, f"{self.kind} has no server to delete from"
         if self.kind.startswith(("redis", "aio-redis")) or self.kind in (
             "chain",
-            "quorum",
+            *QUORUMS,
             "aio-chain",
         ):
             urls = self.address.split("|")
-            for url in urls if self.kind == "quorum" else urls[:1]:  # a quorum: every member
+            for url in urls if self.kind in QUORUMS else urls[:1]:  # a quorum: every member
                 provider = RedisProvider(url)
                 provider.client.delete(f"locks:{{{redis_hash_tag(key)}}}")
                 provider.close()

@@ -179,6 +179,12 @@ CAMPAIGNS = {
     "redis-sentinel": Spec(
         "redis-sentinel", ("redis-sentinel",), ("kill", "pause", "worker"), outage=(0.5, 2.0)
     ),
+    "aio-redis-sentinel": Spec(
+        "aio-redis-sentinel",
+        ("aio-redis-sentinel",),
+        ("kill", "pause", "worker"),
+        outage=(0.5, 2.0),
+    ),
     "zookeeper": Spec("zookeeper", ("zookeeper",), ("kill", "pause", "expire", "worker")),
     "mariadb": Spec("mariadb", ("mariadb",), ("kill", "pause", "worker", "stop")),
     # PostgreSQL: the same faults; waiters are woken by NOTIFY through a listening
@@ -188,6 +194,8 @@ CAMPAIGNS = {
     # a quorum over five redis-servers: one or two members killed (they come back with
     # their data) or paused at a time, holders killed and stopped
     "redis-quorum": Spec("redis-quorum", ("redis-quorum",), ("kill", "pause", "worker", "stop")),
+    # the same on the asyncio face: each member asked by a task acting for the worker's
+    "aio-quorum": Spec("aio-quorum", ("aio-quorum",), ("kill", "pause", "worker", "stop")),
     "fast-chain": Spec(
         "fast-chain",
         ("redis-hash", "mariadb"),
@@ -239,10 +247,17 @@ def build(spec: Spec, worker: str) -> tuple[LockProvider, float]:
     return chain, timeout * len(providers) + 0.5
 
 
-def _asyncio_provider(kind: str, address: str) -> AsyncProviderBase:
+def _asyncio_provider(kind: str, address: str) -> AsyncProviderBase | aio.Quorum:
     """The asyncio face of a kind, set up as its threaded twin is above."""
+    if kind == "aio-quorum":
+        members = [aio.RedisHashProvider(url, name=f"r{i}", watchdog_ttl=1.0)
+                   for i, url in enumerate(address.split("|"))]  # fmt: skip
+        return aio.Quorum(members, name="quorum", watchdog_ttl=1.0)
     if kind == "aio-redis-hash":
         return aio.RedisHashProvider(address, name="redis", watchdog_ttl=1.0)
+    if kind == "aio-redis-sentinel":
+        return aio.RedisHashProvider(address, name="redis", watchdog_ttl=1.0, sync_replicas=1,
+                                     sync_timeout=0.2)  # fmt: skip
     if kind == "aio-zookeeper":
         return aio.ZooKeeperProvider(address, name="zk", session_timeout=SESSION)
     return aio.DatabaseProvider(address, name="db", watchdog_ttl=1.0, socket_timeout=1.0)
@@ -633,7 +648,9 @@ def _zookeeper_leftovers(hosts: str) -> Iterator[tuple[str, str]]:
 def leftovers(spec: Spec, servers: dict[str, Any]) -> Iterator[tuple[str, str]]:
     """Lock state still on the servers once every worker stopped and every lease of a
     dead one has run out: there should be none."""
-    for kind in ("redis-hash", "aio-redis-hash", "redis-sentinel", "redis-quorum"):
+    redis_kinds = ("redis-hash", "aio-redis-hash", "redis-sentinel", "aio-redis-sentinel",
+                   "redis-quorum", "aio-quorum")  # fmt: skip
+    for kind in redis_kinds:
         if kind not in servers:
             continue
         for url in servers[kind].url.split("|"):  # a quorum: each of its members
@@ -697,7 +714,9 @@ def main(argv: list[str] | None = None) -> int:
         "aio-mariadb": lambda path: started_at(path, MariaDBServer(path)),
         "postgresql": lambda path: started_at(path, PostgreSQLServer(path)),
         "redis-sentinel": lambda path: PrimaryOf(started_at(path, SentinelTopology(path))),
+        "aio-redis-sentinel": lambda path: PrimaryOf(started_at(path, SentinelTopology(path))),
         "redis-quorum": lambda path: MembersOf(started_at(path, RedisMasters(path))),
+        "aio-quorum": lambda path: MembersOf(started_at(path, RedisMasters(path))),
     }  # fmt: skip
     started: dict[str, Any] = {}
     try:

@@ -24,6 +24,7 @@ from locks import LockTimeout, aio, from_config
 from locks.aio.base import AsyncProviderBase
 from locks.backends import LocalProvider as ThreadedLocal
 from locks.backends import RedisProvider as ThreadedRedis
+from locks.config import backend_types
 from locks.errors import (
     AccessDenied,
     AllBackendsUnavailable,
@@ -556,10 +557,18 @@ def test_bad_input_is_refused_before_any_io(arguments: dict[str, Any], named: st
     run(main)
 
 
-def test_sentinel_and_cluster_urls_are_refused_by_name() -> None:
-    for url in ("redis+sentinel://127.0.0.1:1/s", "redis+cluster://127.0.0.1:1"):
-        with pytest.raises(ValueError, match="one server"):
-            aio.RedisProvider(url)
+def test_a_cluster_is_refused_by_name_and_sentinel_arguments_are_the_threaded_faces() -> None:
+    for options in ({"url": "redis+cluster://127.0.0.1:1"},
+                    {"url": "rediss+cluster://127.0.0.1:1"},
+                    {"cluster_nodes": ["127.0.0.1:1"]}):  # fmt: skip
+        with pytest.raises(ValueError, match="a Cluster is the threaded face's"):
+            aio.RedisProvider(**options)
+    with pytest.raises(ValueError, match="service"):
+        aio.RedisProvider(sentinels=["127.0.0.1:1"])
+    with pytest.raises(ValueError, match="socket_timeout"):
+        aio.RedisHashProvider(sync_replicas=1, sync_timeout=0.5)
+    made = aio.RedisHashProvider("redis+sentinel://127.0.0.1:1/locks", sync_replicas=1)  # no I/O
+    assert made.address == "sentinel 127.0.0.1:1/locks"
 
 
 @pytest.mark.parametrize("fault", ["killed", "paused"])
@@ -586,6 +595,40 @@ def test_a_server_down_is_backend_unavailable_naming_it_and_then_it_recovers(
             await provider.close()
 
     run(main)
+
+
+def test_connections_a_restart_closed_while_idle_are_made_again_not_failed(
+    redis_server: RedisServer, key: str
+) -> None:
+    """Idle pooled connections to a server that restarted: the first calls after it
+    are served (the pool sees the streams the server closed), as on the threaded face.
+    Found by the Sentinel failover tests: the release after a failover failed."""
+
+    async def main() -> list[str]:
+        provider = aio.RedisHashProvider(redis_server.url, max_connections=4)
+        try:
+            leases = await asyncio.gather(*(provider.acquire(f"{key}:{i}", ttl=10)
+                                            for i in range(4)))  # fmt: skip
+            for lease in leases:  # four idle connections
+                assert lease is not None
+                await provider.release(lease)
+            redis_server.kill()
+            redis_server.start()
+            await asyncio.sleep(0.2)  # the loop reads the streams' ends meanwhile
+            outcomes = []
+            for index in range(6):
+                try:
+                    lease = await provider.acquire(f"{key}:again:{index}", ttl=10)
+                    assert lease is not None
+                    await provider.release(lease)
+                    outcomes.append("granted")
+                except BackendUnavailable as error:
+                    outcomes.append(str(error))
+            return outcomes
+        finally:
+            await provider.close()
+
+    assert run(main) == ["granted"] * 6
 
 
 # -- the asyncio chain -------------------------------------------------------------------
@@ -716,11 +759,14 @@ def test_the_same_toml_gives_an_asyncio_registry(redis_server: RedisServer, key:
     assert sorted(run(main)) == ["1", "1", "2"]
 
 
-def test_config_errors_are_the_threaded_registrys_and_missing_types_are_named() -> None:
-    members = {name: {"type": "local"} for name in ("a", "b", "c")}
-    quorum = {"type": "quorum", "members": ["a", "b", "c"]}
-    with pytest.raises(ConfigError, match=r"backends\.q\.type: 'quorum' has no asyncio"):
-        aio.from_config({"backends": {**members, "q": quorum}})
+def test_config_errors_are_the_threaded_registrys_and_missing_types_are_named(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # a plugin's type (an entry point) serves the threaded face only
+    plugged = {**backend_types(), "etcd": "tests.nowhere:EtcdProvider"}
+    monkeypatch.setattr("locks.config.backend_types", lambda: plugged)
+    with pytest.raises(ConfigError, match=r"backends\.e\.type: 'etcd' has no asyncio"):
+        aio.from_config({"backends": {"e": {"type": "etcd"}}})
     bad = {"backends": {"r": {"type": "redis", "url": "redis://127.0.0.1:1/0", "colour": 1}}}
     with pytest.raises(ConfigError) as threaded:
         from_config(bad)

@@ -17,16 +17,18 @@ FIXTURES = {"redis-hash": "redis_server", "aio-redis-hash": "redis_server",
             "zookeeper": "zookeeper_server", "aio-zookeeper": "zookeeper_server",
             "mariadb": "mariadb_server", "aio-mariadb": "mariadb_server",
             "postgresql": "postgresql_server",
-            "redis-sentinel": "sentinel_topology",
-            "redis-quorum": "redis_masters"}  # fmt: skip
+            "redis-sentinel": "sentinel_topology", "aio-redis-sentinel": "sentinel_topology",
+            "redis-quorum": "redis_masters", "aio-quorum": "redis_masters"}  # fmt: skip
 
 
 def servers_for(spec: Spec, request: pytest.FixtureRequest) -> dict[str, Any]:
     servers = {kind: request.getfixturevalue(FIXTURES[kind]) for kind in spec.tiers}
-    if "redis-sentinel" in servers:  # the nemesis kills and pauses its primary
-        servers["redis-sentinel"] = campaign.PrimaryOf(servers["redis-sentinel"])
-    if "redis-quorum" in servers:  # ... and one or two of the quorum's members
-        servers["redis-quorum"] = campaign.MembersOf(servers["redis-quorum"])
+    for sentinel in ("redis-sentinel", "aio-redis-sentinel"):  # the nemesis kills and
+        if sentinel in servers:  # pauses its primary
+            servers[sentinel] = campaign.PrimaryOf(servers[sentinel])
+    for quorum in ("redis-quorum", "aio-quorum"):  # ... and one or two of a quorum's members
+        if quorum in servers:
+            servers[quorum] = campaign.MembersOf(servers[quorum])
     return servers
 
 
@@ -50,7 +52,8 @@ def done(outcome: campaign.Outcome, f: str) -> int:
     [("redis-hash", 101), ("zookeeper", 202), ("mariadb", 303), ("safe-chain", 404),
      ("fast-chain", 505), ("redis-sentinel", 606), ("redis-quorum", 707),
      ("postgresql", 808), ("aio-redis-hash", 909), ("aio-mariadb", 1010),
-     ("aio-zookeeper", 1111)],
+     ("aio-zookeeper", 1111), ("aio-quorum", 1212),
+     ("aio-redis-sentinel", 1313)],
 )  # fmt: skip
 def test_a_short_campaign_finds_nothing(
     name: str, seed: int, request: pytest.FixtureRequest, tmp_path: Path

@@ -14,16 +14,25 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import pytest
 import redis
 
-from locks import AccessDenied, BackendError, BackendUnavailable, Lease, LockNotOwned
+from locks import (
+    AccessDenied,
+    BackendError,
+    BackendUnavailable,
+    Lease,
+    LockNotOwned,
+    LockProvider,
+    aio,
+)
 from locks.backends import RedisHashProvider, RedisProvider
 from locks.backends.redis.provider import _RedisProviderBase
 from locks.backends.redis.scripts import acl_rule, sentinel_acl_rule
 from locks.names import redis_hash_tag
+from tests.aio_bridge import Threaded
 from tests.servers import RedisServer
 from tests.servers.redis_topologies import ClusterTopology, RedisNode, SentinelTopology
 
@@ -31,11 +40,31 @@ T = TypeVar("T")
 
 
 @pytest.fixture
-def made() -> Iterator[list[_RedisProviderBase]]:
-    providers: list[_RedisProviderBase] = []
+def made() -> Iterator[list[Any]]:
+    providers: list[Any] = []
     yield providers
     for provider in providers:
         provider.close()
+
+
+Build = Callable[..., Any]
+
+
+@pytest.fixture(params=["threaded", "asyncio"])
+def build(request: pytest.FixtureRequest, made: list[Any]) -> Build:
+    """`build(hash_lock, url, **options)`: a Redis provider of the face under test (the
+    asyncio one called through tests/aio_bridge.py), closed after the test."""
+
+    def make(hash_lock: bool, url: str, **options: Any) -> Any:
+        if request.param == "threaded":
+            provider: Any = (RedisHashProvider if hash_lock else RedisProvider)(url, **options)
+        else:
+            cls = aio.RedisHashProvider if hash_lock else aio.RedisProvider
+            provider = Threaded(cls(url, **options))
+        made.append(provider)
+        return provider
+
+    return make
 
 
 def lock_key(key: str) -> str:
@@ -49,7 +78,7 @@ def elsewhere(call: Callable[[], T]) -> T:
 
 
 def acquire_until_served(
-    provider: _RedisProviderBase, key: str, *, ttl: float | None, timeout: float = 20.0
+    provider: LockProvider, key: str, *, ttl: float | None, timeout: float = 20.0
 ) -> Lease | None:
     """Another owner tries `key` (one try each) until a server answers. Only
     BackendUnavailable may come while no primary answers."""
@@ -67,7 +96,7 @@ def acquire_until_served(
     return elsewhere(attempt)
 
 
-def waiting(provider: _RedisProviderBase, key: str) -> tuple[threading.Thread, list[Lease | None]]:
+def waiting(provider: LockProvider, key: str) -> tuple[threading.Thread, list[Lease | None]]:
     """A started thread (another owner) that waits for `key` for up to 25 s, trying
     again while no primary answers; its outcome lands in the list."""
     got: list[Lease | None] = []
@@ -145,12 +174,11 @@ def test_an_unreachable_topology_is_an_outage_of_the_first_call_never_ambiguous(
 
 
 def test_a_grant_no_replica_acknowledged_is_undone_and_unavailable(
-    redis_server: RedisServer, key: str, made: list[_RedisProviderBase]
+    redis_server: RedisServer, key: str, build: Build
 ) -> None:
     """A lone server has no replica: every grant is taken back, never left behind."""
-    for cls in (RedisProvider, RedisHashProvider):
-        provider = cls(redis_server.url, sync_replicas=1, sync_timeout=0.05)
-        made.append(provider)
+    for hash_lock in (False, True):
+        provider = build(hash_lock, redis_server.url, sync_replicas=1, sync_timeout=0.05)
         with pytest.raises(BackendUnavailable, match="0 of 1 replicas") as caught:
             provider.acquire(key, ttl=5, wait=0)
         assert not caught.value.ambiguous  # undone: nothing to clean up later
@@ -159,11 +187,9 @@ def test_a_grant_no_replica_acknowledged_is_undone_and_unavailable(
 
 
 def test_waitaof_on_a_server_that_lacks_it_is_loud_and_leaves_nothing(
-    redis_server: RedisServer, key: str, made: list[_RedisProviderBase]
+    redis_server: RedisServer, key: str, build: Build
 ) -> None:
-    provider = RedisHashProvider(redis_server.url, sync_replicas=1, sync_timeout=0.05,
-                                 sync_aof=True)  # fmt: skip
-    made.append(provider)
+    provider = build(True, redis_server.url, sync_replicas=1, sync_timeout=0.05, sync_aof=True)
     with redis.Redis.from_url(redis_server.url) as admin:
         if (
             int(admin.info("server")["redis_version"].split(".")[0]) * 100
@@ -182,17 +208,16 @@ def test_waitaof_on_a_server_that_lacks_it_is_loud_and_leaves_nothing(
 
 
 def test_sentinel_failover_keeps_a_synced_lease_its_renewals_release_and_fence(
-    sentinel_topology: SentinelTopology, key: str, made: list[_RedisProviderBase]
+    sentinel_topology: SentinelTopology, key: str, build: Build
 ) -> None:
     """Kill the primary under a watchdog lease taken with sync_replicas=1: once the
     replica is promoted the lease is renewed there, is still held, excludes others,
     is released there, and the next grant's fence is above it."""
     # renewed every 10 s: a lease outlives a failover of up to ~20 s (measured: mostly
     # 1.3-5.3 s, now and then 13-18 s when the first election fails)
-    holder = RedisHashProvider(sentinel_topology.url, watchdog_ttl=30.0, sync_replicas=1,
-                               sync_timeout=0.2)  # fmt: skip
-    other = RedisHashProvider(sentinel_topology.url)
-    made += [holder, other]
+    holder = build(True, sentinel_topology.url, watchdog_ttl=30.0, sync_replicas=1,
+                   sync_timeout=0.2)  # fmt: skip
+    other = build(True, sentinel_topology.url)
     lost: list[Lease] = []
     lease = holder.acquire(key, on_lost=lost.append)
     assert lease is not None
@@ -220,13 +245,12 @@ def test_sentinel_failover_keeps_a_synced_lease_its_renewals_release_and_fence(
 
 
 def test_sentinel_failover_wakes_a_waiter_on_the_new_primary(
-    sentinel_topology: SentinelTopology, key: str, made: list[_RedisProviderBase]
+    sentinel_topology: SentinelTopology, key: str, build: Build
 ) -> None:
     """A waiter parked across a failover is woken by a release on the new primary well
     before the 30 s ttl that bounds a lost wake-up."""
-    holder = RedisProvider(sentinel_topology.url, sync_replicas=1, sync_timeout=0.2)
-    waiter_provider = RedisProvider(sentinel_topology.url)
-    made += [holder, waiter_provider]
+    holder = build(False, sentinel_topology.url, sync_replicas=1, sync_timeout=0.2)
+    waiter_provider = build(False, sentinel_topology.url)
     lease = holder.acquire(key, ttl=30, wait=0)
     assert lease is not None
     thread, got = waiting(waiter_provider, key)
@@ -246,14 +270,13 @@ def test_sentinel_failover_wakes_a_waiter_on_the_new_primary(
 
 
 def test_a_demoted_primary_is_an_outage_never_a_raw_readonly(
-    sentinel_topology: SentinelTopology, key: str, made: list[_RedisProviderBase]
+    sentinel_topology: SentinelTopology, key: str, build: Build
 ) -> None:
     """Straight to a replica, and through Sentinel while it demotes the primary (a
     graceful `SENTINEL FAILOVER`): grants or BackendUnavailable, nothing else."""
     replica = sentinel_topology.replica()
-    direct = RedisProvider(replica.url)
-    through = RedisHashProvider(sentinel_topology.url)
-    made += [direct, through]
+    direct = build(False, replica.url)
+    through = build(True, sentinel_topology.url)
     with pytest.raises(BackendUnavailable, match="ReadOnlyError"):
         direct.acquire(key, ttl=5, wait=0)
     old_port = sentinel_topology.primary_port()
@@ -313,19 +336,14 @@ def cut_replication(topology: SentinelTopology) -> None:
 
 @pytest.mark.parametrize("sync_replicas", [0, 1])
 def test_the_seeds_hazard_a_promoted_replica_that_missed_the_lock(
-    sentinel_topology: SentinelTopology,
-    key: str,
-    made: list[_RedisProviderBase],
-    sync_replicas: int,
+    sentinel_topology: SentinelTopology, key: str, build: Build, sync_replicas: int
 ) -> None:
     """Hold a lock whose write never reached the replica, kill the primary, let Sentinel
     promote the replica. Without sync_replicas a second owner gets the lock the first
     still holds (the hazard, asserted where it exists); with sync_replicas=1 the first
     grant is refused and undone instead, so no second owner can overlap it."""
-    first = RedisHashProvider(sentinel_topology.url, sync_replicas=sync_replicas,
-                              sync_timeout=0.2)  # fmt: skip
-    second = RedisHashProvider(sentinel_topology.url)
-    made += [first, second]
+    first = build(True, sentinel_topology.url, sync_replicas=sync_replicas, sync_timeout=0.2)
+    second = build(True, sentinel_topology.url)
     before = first.acquire(f"{key}:before", ttl=60, wait=0)  # replicated while linked
     assert before is not None
     cut_replication(sentinel_topology)
@@ -361,7 +379,7 @@ def test_the_seeds_hazard_a_promoted_replica_that_missed_the_lock(
 
 
 def test_cluster_failover_keeps_a_lease_and_wakes_a_waiter(
-    cluster_topology: ClusterTopology, key: str, made: list[_RedisProviderBase]
+    cluster_topology: ClusterTopology, key: str, made: list[Any]
 ) -> None:
     """Kill the primary of the lock's slot: its replica takes over with the lock, the
     holder's renewals and release reach it, and a waiter subscribed before the failover
@@ -424,7 +442,7 @@ def migrate_slot(
 def test_cluster_slot_migration_is_followed_through_ask_and_moved(
     cluster_topology: ClusterTopology,
     key: str,
-    made: list[_RedisProviderBase],
+    made: list[Any],
     sync_replicas: int,
 ) -> None:
     holder = RedisProvider(cluster_topology.url, sync_replicas=sync_replicas, sync_timeout=0.2)
@@ -449,7 +467,7 @@ def test_clients_passed_in_serve_each_topology_and_stay_open(
     sentinel_topology: SentinelTopology,
     cluster_topology: ClusterTopology,
     key: str,
-    made: list[_RedisProviderBase],
+    made: list[Any],
 ) -> None:
     """A redis-py Sentinel primary client and a RedisCluster given as `client=` work as
     the URL forms do, are named by their topology, and are left open by close()."""

@@ -5,9 +5,11 @@ arguments are checked, and the topology worked out, by the same code as the thre
 face's (`locks.backends.redis.topology`); the client it would build is rebuilt over
 `redis.asyncio` with the same settings.
 
-One server (a `redis://`, `rediss://` or `unix://` url, or a `redis.asyncio.Redis`
-passed as `client`) for now: Sentinel, Cluster and `sync_replicas` are the threaded
-face's only, and refused here by name."""
+One server (`redis://`, `rediss://`, `unix://`) or a Sentinel-managed primary
+(`redis+sentinel://`, or `sentinels=` and `service=`), or a `redis.asyncio.Redis` of
+either passed as `client`; with `sync_replicas`, WAIT follows each grant, renewal,
+fence floor and break on the connection that wrote it, in the same write. A Cluster is
+the threaded face's only, and refused here by name."""
 
 from __future__ import annotations
 
@@ -24,6 +26,7 @@ from typing import Any
 import redis
 import redis.asyncio as aioredis
 from redis import exceptions as errors
+from redis.asyncio.sentinel import Sentinel, SentinelConnectionPool
 
 from locks.aio.base import AsyncProviderBase
 from locks.aio.redis_notify import AsyncNotifier
@@ -47,7 +50,14 @@ from locks.backends.redis.algorithms import (
 )
 from locks.backends.redis.runs import REFUSED, RunWatch, lost_in_new_run
 from locks.backends.redis.scripts import Script
-from locks.backends.redis.topology import DEFAULT_URL, Timeouts, topology
+from locks.backends.redis.topology import (
+    DEFAULT_URL,
+    Timeouts,
+    Topology,
+    pool_address,
+    replica_sync,
+    topology,
+)
 from locks.errors import AccessDenied, BackendError, BackendUnavailable, LockError
 from locks.holds import Hold
 from locks.keeper import Grant
@@ -77,6 +87,11 @@ _CARRIED = {
 }  # fmt: skip
 
 
+class _AsyncSentinelPool(SentinelConnectionPool, AsyncPool):
+    """Sentinel's asyncio pool (each connection asks the sentinels for the primary),
+    with `AsyncPool`'s hand-off to the first waiting task."""
+
+
 class _AsyncRedisBase(Algorithm, AsyncProviderBase):
     unavailable_errors = UNAVAILABLE
     denied_errors = DENIED
@@ -95,17 +110,26 @@ class _AsyncRedisBase(Algorithm, AsyncProviderBase):
         max_connections: int = 10,
         pool_timeout: float = 5.0,
         fence_ttl: float = 7 * 24 * 3600.0,
+        sentinels: Sequence[str] | None = None,
+        service: str | None = None,
+        cluster_nodes: Sequence[str] | None = None,
         db: int | None = None,
         username: str | None = None,
         password: str | None = None,
+        sentinel_username: str | None = None,
+        sentinel_password: str | None = None,
+        sync_replicas: int = 0,
+        sync_timeout: float = 0.25,
+        sync_aof: bool = False,
         tls_ca: str | os.PathLike[str] | None = None,
         tls_cert: str | os.PathLike[str] | None = None,
         tls_key: str | os.PathLike[str] | None = None,
         tls_key_password: str | None = None,
         tls_check_hostname: bool = True,
+        sentinel_tls: bool | None = None,
     ) -> None:
-        """As the threaded providers' arguments (`locks.backends.RedisProvider`), for one
-        server; `client` is a `redis.asyncio.Redis`. `max_connections` bounds the
+        """As the threaded providers' arguments (`locks.backends.RedisProvider`), but
+        no Cluster; `client` is a `redis.asyncio.Redis`. `max_connections` bounds the
         requests in flight, not the tasks (a waiting task holds no connection): the loop
         runs the replies that come back together one after another, so it is what bounds
         a busy loop's stalls. 10 kept the p99 loop lag of 1,000 contending tasks near
@@ -115,6 +139,8 @@ class _AsyncRedisBase(Algorithm, AsyncProviderBase):
         self.prefix, self.fence_ttl_ms, timeouts = checked(
             prefix, fence_ttl, socket_timeout, connect_timeout, max_connections, pool_timeout
         )
+        self._sync = replica_sync(sync_replicas, sync_timeout, sync_aof, timeouts.socket)
+        self.sync_replicas = sync_replicas
         self._socket_timeout = timeouts.socket
         if client is not None:
             if not isinstance(client, aioredis.Redis):
@@ -122,27 +148,30 @@ class _AsyncRedisBase(Algorithm, AsyncProviderBase):
                     f"client must be a redis.asyncio.Redis, not {type(client).__name__}"
                 )
             self._client, self._owned, self._passwords = client, False, []
-            kwargs = client.connection_pool.connection_kwargs
+            pool = client.connection_pool
+            kwargs = pool.connection_kwargs
             self._db = int(kwargs.get("db", 0) or 0)
-            self.address = _address(kwargs)
+            self.address = pool_address(pool)
             self._runs = RunWatch(self._where(), False, self._run_changed)
             kwargs["redis_connect_func"] = self._hook(kwargs.get("redis_connect_func"))
         else:
-            if isinstance(url, str) and "+" in url.split("://", 1)[0]:
+            if cluster_nodes is not None or (
+                isinstance(url, str) and url.split("://", 1)[0].endswith("+cluster")
+            ):
                 raise ValueError(
-                    "url: locks.aio's Redis providers take one server for now (redis://, "
-                    "rediss:// or unix://); Sentinel and Cluster are the threaded face's"
+                    "url: locks.aio's Redis providers take one server or a Sentinel-managed "
+                    "primary; a Cluster is the threaded face's"
                 )
             threaded = topology(
-                url, client=None, sentinels=None, service=None, cluster_nodes=None, db=db,
-                username=username, password=password, sentinel_username=None,
-                sentinel_password=None, tls=tls, sentinel_tls=None, timeouts=timeouts,
+                url, client=None, sentinels=sentinels, service=service, cluster_nodes=None,
+                db=db, username=username, password=password,
+                sentinel_username=sentinel_username, sentinel_password=sentinel_password,
+                tls=tls, sentinel_tls=sentinel_tls, timeouts=timeouts,
             )  # fmt: skip
             self._db, self.address = threaded.db, threaded.address
             self._runs = RunWatch(self._where(), False, self._run_changed)
-            self._pool_settings = _settings(threaded.client(), timeouts)
-            self._pool_settings["redis_connect_func"] = self._hook(None)
-            self._client, self._owned = _client(self._pool_settings), True
+            self._make_client = _maker(threaded, timeouts, self._hook(None))
+            self._client, self._owned = self._make_client(), True
             self._passwords = threaded.secrets()
         self._notifier = AsyncNotifier(self._pubsub, prefix, self._pass_on, self._error)
 
@@ -154,7 +183,7 @@ class _AsyncRedisBase(Algorithm, AsyncProviderBase):
             # never closed here, nor collected: closing a connection of the parent's loop
             # takes its socket out of the epoll instance the child shares with its parent
             _LEFT_BY_PARENT.append(self._client)
-            self._client = _client(self._pool_settings)
+            self._client = self._make_client()
 
     def _hook(self, previous: Callable[[Any], Any] | None) -> Callable[[Any], Awaitable[None]]:
         """Every new connection's handshake (`previous`, a given client's own, or the
@@ -210,7 +239,9 @@ class _AsyncRedisBase(Algorithm, AsyncProviderBase):
         return keys_of(self.prefix, key)
 
     def _domain(self) -> Hashable:
-        return ("redis", ("server", self.address, self._db), self.prefix)
+        """The threaded face's (`Topology.domain`): one lock space."""
+        kind = "sentinel" if self.address.startswith("sentinel ") else "server"
+        return ("redis", (kind, self.address, self._db), self.prefix)
 
     def _classify(self, error: BaseException) -> type[BackendUnavailable] | type[BackendError]:
         return AccessDenied if refused(error) else super()._classify(error)
@@ -224,47 +255,63 @@ class _AsyncRedisBase(Algorithm, AsyncProviderBase):
     async def _run(
         self, script: Script, keys: list[str], args: list[Any], undo: Undo | None = None
     ) -> Any:
+        """`script`'s reply (see `_exchange`)."""
+        reply, _ = await self._exchange(script, keys, args, undo, synced=False)
+        return reply
+
+    async def _run_synced(
+        self, script: Script, keys: list[str], args: list[Any], undo: Undo | None = None
+    ) -> tuple[Any, Any]:
+        """`script`'s reply and, with `sync_replicas`, what WAIT answered for it (else
+        None)."""
+        return await self._exchange(script, keys, args, undo, synced=self._sync is not None)
+
+    async def _exchange(
+        self, script: Script, keys: list[str], args: list[Any], undo: Undo | None, *,
+        synced: bool,
+    ) -> tuple[Any, Any]:  # fmt: skip
         """`script` by its SHA (in full if the server lost it: a restart), straight onto
         a pooled connection, packed by us: redis-py's `execute_command` costs several
         times more Python, and with a socket timeout its send is a task of its own.
+        `synced`: WAIT written behind it in the same write (it counts that connection's
+        writes); its reply is the second returned.
 
         The request is written at once, without a suspension, so it runs on the server
-        whatever happens to the caller. A caller cancelled before the reply came leaves
-        the reply to be read in the background, after `undo` (a script call that undoes
+        whatever happens to the caller. A caller cancelled before the replies came leaves
+        them to be read in the background, after `undo` (a script call that undoes
         this one, e.g. an acquire's release) is written behind it on the same connection,
         where the server runs it after this one, always."""
         pool = self._client.connection_pool
         connection = await pool.get_connection()  # type: ignore[no-untyped-call]
+        wait = b"".join(connection.pack_command(*self._sync.command)) if synced else b""  # type: ignore[union-attr]
+        unread = [0]  # replies written for and not read yet
         try:
-            _write(connection, _packed(connection, script, keys, args))
-            try:
-                reply = await connection.read_response(disconnect_on_error=False)
-            except errors.NoScriptError:
+            reply, acks = await _replies(connection, _packed(connection, script, keys, args),
+                                         wait, unread)  # fmt: skip
+            if isinstance(reply, errors.NoScriptError):
                 # the server lost it (a restart): EVAL in full, which caches it again
                 call = connection.pack_command("EVAL", script.source, len(keys), *keys, *args)
-                _write(connection, b"".join(call))
-                reply = await connection.read_response(disconnect_on_error=False)
-        except errors.ResponseError:  # an error reply: the connection is in step
-            await pool.release(connection)
-            raise
+                reply, acks = await _replies(connection, b"".join(call), wait, unread)
         except asyncio.CancelledError:
-            self._in_background(self._drain(connection, undo))
+            self._in_background(self._drain(connection, undo, unread[0]))
             raise
         except BaseException:
             await connection.disconnect(nowait=True)  # a reply may still be on its way
             await pool.release(connection)
             raise
-        await pool.release(connection)
-        return reply
+        await pool.release(connection)  # an error reply too: the connection is in step
+        if isinstance(reply, Exception):
+            raise reply
+        return reply, acks
 
-    async def _drain(self, connection: Any, undo: Undo | None) -> None:
-        """After a cancelled call: `undo` written behind it, both replies read (each
+    async def _drain(self, connection: Any, undo: Undo | None, unread: int) -> None:
+        """After a cancelled call: `undo` written behind it, every reply read (each
         within the socket timeout); the connection is then dropped, as its parser may
         have been stopped inside a reply."""
         try:
             if undo is not None:
                 _write(connection, _packed(connection, *undo))
-            for _ in range(1 if undo is None else 2):
+            for _ in range(unread + (undo is not None)):
                 with contextlib.suppress(errors.ResponseError):
                     await connection.read_response(disconnect_on_error=False)
         except Exception as exc:  # gone: the server frees a grant at its ttl
@@ -313,17 +360,33 @@ class _AsyncRedisBase(Algorithm, AsyncProviderBase):
         try:
             # cancelled before its reply, the grant it may bring is released behind it
             undo = (self.release_script, [keys.lock], [self._value(owner, token), ""])
-            reply = await self._run(self.acquire_script, [keys.lock, keys.fence], args, undo)
+            script, both = self.acquire_script, [keys.lock, keys.fence]
+            reply, acks = await self._run_synced(script, both, args, undo)
         except (*self.driver_errors, *self.unavailable_errors) as exc:
             raise self._error(exc, ambiguous=maybe_sent(exc), key=keys.name, token=token) from exc
         fence, pttl, own = try_outcome(reply)
         if fence:
+            if acks is not None:
+                await self._replicated_or_undone(keys, undo, token, acks)
             return Grant(token, fence, 1, sent_at)
         if deadline is not None and time.monotonic() >= deadline:
             return None
         if own and deadline is None:
             return None  # waiting forever for ourselves would never end
         return pttl
+
+    async def _replicated_or_undone(self, keys: Keys, undo: Undo, token: str, acks: Any) -> None:
+        """A grant the replicas did not acknowledge is taken back before anyone relies on
+        it: a failover now could hand the lock to a second owner."""
+        assert self._sync is not None
+        missing = self._sync.missing(acks, "grant undone")
+        if missing is None:
+            return
+        try:
+            await self._run(*undo)
+        except (*self.driver_errors, *self.unavailable_errors) as exc:
+            raise self._error(exc, ambiguous=True, key=keys.name, token=token) from exc
+        raise self._error(missing) from missing
 
     async def _release(self, lease: Lease) -> bool:
         keys = self._keys(lease.key)
@@ -338,14 +401,21 @@ class _AsyncRedisBase(Algorithm, AsyncProviderBase):
             await self._run(self.pass_on_script, [lock], [])
 
     async def _extend(self, lease: Lease, ttl: float) -> bool:
+        """With `sync_replicas`, a renewal the replicas did not acknowledge failed: the
+        expiry a promoted replica would keep is the old one."""
         args = [self._value(lease.owner, lease.token), ms(ttl)]
         with self._translated():
             lock = self._keys(lease.key).lock
-            return bool(await self._run(self.extend_script, [lock], args) == 1)
+            reply, acks = await self._run_synced(self.extend_script, [lock], args)
+            if reply != 1:
+                return False
+            self._require_replicas(acks, "renewal")
+        return True
 
     async def _extend_many(self, requests: Sequence[tuple[Lease, float]]) -> list[bool | None]:
-        """The watchdog's extends in one pipeline: one round trip for hundreds."""
-        if len(requests) < 2:
+        """The watchdog's extends in one pipeline: one round trip for hundreds. One by
+        one with `sync_replicas` (each renewal waits for its replicas)."""
+        if len(requests) < 2 or self._sync is not None:
             return await super()._extend_many(requests)
         script = self.extend_script
         calls: list[tuple[list[str], list[Any]]] = [
@@ -383,8 +453,9 @@ class _AsyncRedisBase(Algorithm, AsyncProviderBase):
         """Make every later grant of `key` carry a fence above `floor`."""
         key, floor = check_name(key), check_floor(floor)
         with self._translated():
-            await self._run(self.raise_fence_script, [self._keys(key).fence],
-                            [floor, self.fence_ttl_ms])  # fmt: skip
+            _, acks = await self._run_synced(self.raise_fence_script, [self._keys(key).fence],
+                                             [floor, self.fence_ttl_ms])  # fmt: skip
+            self._require_replicas(acks, "fence floor")
 
     async def _holder(self, key: str) -> Holder | None:
         keys = self._keys(key)
@@ -395,7 +466,8 @@ class _AsyncRedisBase(Algorithm, AsyncProviderBase):
     async def _break(self, key: str) -> Holder | None:
         keys = self._keys(key)
         with self._translated():
-            reply = await self._run(self.break_script, [keys.lock, keys.fence], [])
+            reply, acks = await self._run_synced(self.break_script, [keys.lock, keys.fence], [])
+            self._require_replicas(acks, "break")
         self._notifier.wake_local(keys.lock)
         return read_holder(self.name, key, reply)
 
@@ -408,7 +480,11 @@ class _AsyncRedisBase(Algorithm, AsyncProviderBase):
         await self._notifier.close()
         if self._owned:
             await self._client.aclose()
-            await self._client.connection_pool.disconnect()
+            pool = self._client.connection_pool
+            await pool.disconnect()
+            if isinstance(pool, SentinelConnectionPool):  # the sentinels asked for the primary
+                for sentinel in pool.sentinel_manager.sentinels:
+                    await sentinel.aclose()
 
 
 class RedisProvider(PlainAlgorithm, _AsyncRedisBase):
@@ -433,23 +509,58 @@ def _packed(connection: Any, script: Script, keys: list[str], args: list[Any]) -
     return script.pack(keys, args, encoder.encoding, encoder.encoding_errors)
 
 
-def _settings(client: Any, timeouts: Timeouts) -> dict[str, Any]:
-    """The pool settings of the threaded client the topology built (no connection made
-    yet), for a `redis.asyncio` pool: one place checks and parses the arguments."""
-    pool = client.connection_pool
-    kwargs = {k: v for k, v in pool.connection_kwargs.items()
-              if k in _CARRIED or k.startswith("ssl_")}  # fmt: skip
-    client.close()
-    return {"connection_class": _CONNECTIONS[pool.connection_class],
-            "max_connections": timeouts.max_connections, "timeout": timeouts.pool,
-            **kwargs}  # fmt: skip
+def _carried(kwargs: dict[str, Any], names: set[str]) -> dict[str, Any]:
+    """The settings an asyncio connection takes over from a threaded one's."""
+    return {k: v for k, v in kwargs.items() if k in names or k.startswith("ssl_")}
 
 
-def _client(settings: dict[str, Any]) -> aioredis.Redis:
-    return aioredis.Redis(connection_pool=AsyncPool(**settings))
+def _maker(
+    threaded: Topology, timeouts: Timeouts, hook: Callable[[Any], Awaitable[None]]
+) -> Callable[[], aioredis.Redis]:
+    """What builds the `redis.asyncio` client of the topology the threaded face worked
+    out, from its client's settings (that client made no connection, and is closed)."""
+    pool: Any = threaded.client().connection_pool  # type: ignore[union-attr]  # no cluster
+    settings: dict[str, Any] = _carried(pool.connection_kwargs, _CARRIED)
+    settings |= {"max_connections": timeouts.max_connections, "timeout": timeouts.pool,
+                 "redis_connect_func": hook}  # fmt: skip
+    if threaded.kind != "sentinel":
+        settings["connection_class"] = _CONNECTIONS[pool.connection_class]
+        threaded.close()
+        return lambda: aioredis.Redis(connection_pool=AsyncPool(**settings))
+    settings["ssl"] = issubclass(pool.connection_class, redis.SSLConnection)
+    service, sentinels = pool.service_name, pool.sentinel_manager.sentinels
+    first = sentinels[0].connection_pool
+    sentinel_kwargs = _carried(first.connection_kwargs, _CARRIED - {"host", "port", "path", "db"})
+    sentinel_kwargs["ssl"] = issubclass(first.connection_class, redis.SSLConnection)
+    hosts = [(kwargs["host"], kwargs["port"])
+             for kwargs in (s.connection_pool.connection_kwargs for s in sentinels)]  # fmt: skip
+    threaded.close()
+
+    def make() -> aioredis.Redis:
+        manager = Sentinel(hosts, sentinel_kwargs=sentinel_kwargs)  # type: ignore[no-untyped-call]
+        made = _AsyncSentinelPool(service, manager, **settings)  # type: ignore[no-untyped-call]
+        return aioredis.Redis(connection_pool=made)
+
+    return make
 
 
-def _address(kwargs: dict[str, Any]) -> str:
-    if "path" in kwargs:
-        return f"unix:{kwargs['path']}"
-    return f"{kwargs.get('host', 'localhost')}:{kwargs.get('port', 6379)}"
+async def _replies(
+    connection: Any, packed: bytes, wait: bytes, unread: list[int]
+) -> tuple[Any, Any]:
+    """`packed` and `wait` (if any) written in one go, and their replies read; an error
+    reply is returned, not raised (the connection stays in step). `unread[0]` counts
+    the replies written for and not read yet."""
+    _write(connection, packed + wait)
+    unread[0] += 2 if wait else 1
+    reply = await _reply(connection, unread)
+    acks = await _reply(connection, unread) if wait else None
+    return reply, acks
+
+
+async def _reply(connection: Any, unread: list[int]) -> Any:
+    try:
+        reply = await connection.read_response(disconnect_on_error=False)
+    except errors.ResponseError as error:
+        reply = error
+    unread[0] -= 1
+    return reply

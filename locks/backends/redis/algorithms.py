@@ -15,7 +15,7 @@ from redis.sentinel import MasterNotFoundError
 
 from locks.backends.redis import scripts
 from locks.backends.redis.scripts import Script
-from locks.backends.redis.topology import Timeouts
+from locks.backends.redis.topology import NotReplicated, ReplicaSync, Timeouts
 from locks.names import check_count, check_name, check_seconds, redis_hash_tag
 from locks.provider import Capabilities, Holder, Lease
 from locks.tls import error_chain
@@ -28,6 +28,7 @@ UNAVAILABLE = (
     errors.ConnectionError, errors.TimeoutError, errors.ReadOnlyError, errors.BusyLoadingError,
     errors.OutOfMemoryError, errors.ClusterDownError, errors.TryAgainError, errors.ClusterError,
     errors.RedisClusterException, OSError,
+    NotReplicated,  # ours: `sync_replicas` not met, an outage of the replicas
 )  # fmt: skip
 # Credentials or ACLs refused: WRONGPASS/NOAUTH (AuthenticationError, which redis-py
 # derives from ConnectionError: it is sorted first), NOPERM.
@@ -116,6 +117,7 @@ class Algorithm(ABC):
     """One of the two lock types' scripts and what they take and store."""
 
     fence_ttl_ms: int
+    _sync: ReplicaSync | None  # `sync_replicas`: WAIT after each write that must last
     # the scripts, one object per class (each caches its packed heads)
     acquire_script: ClassVar[Script]
     release_script: ClassVar[Script]
@@ -124,6 +126,14 @@ class Algorithm(ABC):
     break_script = Script(scripts.BREAK)
     raise_fence_script = Script(scripts.RAISE_FENCE)
     pass_on_script = Script(scripts.PASS_ON)
+
+    def _require_replicas(self, acks: Any, what: str) -> None:
+        """Raise unless the replicas acknowledged the write `acks` answers for (None:
+        no WAIT was asked)."""
+        if acks is not None and self._sync is not None:
+            missing = self._sync.missing(acks, f"{what} not replicated")
+            if missing is not None:
+                raise missing
 
     @abstractmethod
     def _acquire_args(

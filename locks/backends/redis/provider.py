@@ -38,7 +38,12 @@ from locks.backends.redis.algorithms import (
 from locks.backends.redis.notify import NO_RESULT, ReleaseNotifier
 from locks.backends.redis.runs import RunWatch, lost_in_new_run
 from locks.backends.redis.scripts import Script
-from locks.backends.redis.topology import DEFAULT_URL, Client, replica_sync, topology
+from locks.backends.redis.topology import (
+    DEFAULT_URL,
+    Client,
+    replica_sync,
+    topology,
+)
 from locks.base import Grant, ProviderBase
 from locks.errors import AccessDenied, BackendError, BackendUnavailable, LockError
 from locks.holds import Hold
@@ -49,14 +54,10 @@ from locks.tls import error_chain, tls_settings
 logger = logging.getLogger("locks")
 
 
-class _NotReplicated(Exception):
-    """Fewer replicas acknowledged a write than `sync_replicas` asks for."""
-
-
 class _RedisProviderBase(Algorithm, ProviderBase):
     """What the two Redis algorithms share: client, keys, waiting, error translation."""
 
-    unavailable_errors = (*UNAVAILABLE, _NotReplicated)
+    unavailable_errors = UNAVAILABLE
     denied_errors = DENIED
     driver_errors = (errors.RedisError,)
 
@@ -361,16 +362,15 @@ class _RedisProviderBase(Algorithm, ProviderBase):
         """A grant the replicas did not acknowledge is taken back before anyone relies on
         it: a failover now could hand the lock to a second owner."""
         assert self._sync is not None
-        if self._sync.enough(acks):
+        missing = self._sync.missing(acks, "grant undone")
+        if missing is None:
             return
         try:
             script_args = [self._value(owner, token), ""]
             self.release_script(self.topology.client(), [keys.lock], script_args)
         except (*self.driver_errors, *self.unavailable_errors) as exc:
             raise self._error(exc, ambiguous=True, key=keys.name, token=token) from exc
-        if isinstance(acks, Exception):  # e.g. WAITAOF on a server that lacks it
-            raise self._error(acks) from acks
-        raise self._error(_NotReplicated(f"grant undone: {self._sync.shortfall(acks)}"))
+        raise self._error(missing) from missing
 
     def _script(self, script: Script, keys: list[str], args: list[Any]) -> Any:
         with self._translated():
@@ -427,13 +427,6 @@ class _RedisProviderBase(Algorithm, ProviderBase):
                 elif isinstance(reply, Exception):
                     raise reply
         return list(replies)
-
-    def _require_replicas(self, acks: Any, what: str) -> None:
-        """Raise unless the replicas acknowledged the write `acks` answers for."""
-        if acks is not None and self._sync is not None and not self._sync.enough(acks):
-            if isinstance(acks, Exception):  # e.g. WAITAOF on a server that lacks it
-                raise acks
-            raise _NotReplicated(f"{what} not replicated: {self._sync.shortfall(acks)}")
 
     def raise_fence(self, key: str, floor: int) -> None:
         """Make every later grant of `key` carry a fence above `floor` (a quorum keeps its

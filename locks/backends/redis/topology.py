@@ -279,15 +279,8 @@ def _given(client: Client) -> Topology:
             f"client must be a redis.Redis or RedisCluster, not {type(client).__name__}"
         )
     pool = client.connection_pool
-    if isinstance(pool, SentinelConnectionPool):
-        hosts = ",".join(
-            "{host}:{port}".format(**s.connection_pool.connection_kwargs)
-            for s in pool.sentinel_manager.sentinels
-        )
-        return _Sentinel(f"sentinel {hosts}/{pool.service_name}", lambda: client,
-                         owned=False, db=_db_of(pool))  # fmt: skip
-    return Topology(_server_address(pool.connection_kwargs), lambda: client, owned=False,
-                    db=_db_of(pool))  # fmt: skip
+    kind = _Sentinel if isinstance(pool, SentinelConnectionPool) else Topology
+    return kind(pool_address(pool), lambda: client, owned=False, db=_db_of(pool))
 
 
 def _server_topology(url: str, db: int | None, credentials: dict[str, str | None],
@@ -324,7 +317,7 @@ def _server_topology(url: str, db: int | None, credentials: dict[str, str | None
     if "host" in kwargs and (verifies or not uses_tls):  # not a unix socket
         address = [(kwargs["host"], int(kwargs["port"]))]
         probe = _probe(tls if uses_tls else None, address, timeouts)
-    return Topology(_server_address(pool.connection_kwargs), lambda: client, owned=True,
+    return Topology(pool_address(pool), lambda: client, owned=True,
                     db=_db_of(pool), passwords=[key_password or ""], probe=probe)  # fmt: skip
 
 
@@ -526,10 +519,22 @@ def _db_of(pool: redis.ConnectionPool) -> int:
     return int(pool.connection_kwargs.get("db", 0) or 0)
 
 
-def _server_address(kwargs: dict[str, Any]) -> str:
+def pool_address(pool: Any) -> str:
+    """Where a redis-py pool of either face connects, for messages (never a password):
+    a Sentinel pool's sentinels and service, else its one server."""
+    manager = getattr(pool, "sentinel_manager", None)
+    if manager is not None:
+        hosts = ",".join("{host}:{port}".format(**s.connection_pool.connection_kwargs)
+                         for s in manager.sentinels)  # fmt: skip
+        return f"sentinel {hosts}/{pool.service_name}"
+    kwargs = pool.connection_kwargs
     if "path" in kwargs:
         return f"unix:{kwargs['path']}"
     return f"{kwargs.get('host', 'localhost')}:{kwargs.get('port', 6379)}"
+
+
+class NotReplicated(Exception):
+    """Fewer replicas acknowledged a write than `sync_replicas` asks for."""
 
 
 class ReplicaSync:
@@ -559,6 +564,15 @@ class ReplicaSync:
         got = acks[1] if self.aof and isinstance(acks, list) else acks
         what = "the primary's and replicas' AOF fsync" if self.aof else "replicas"
         return f"{got} of {self.replicas} {what} acknowledged in time ({self.command[0]})"
+
+    def missing(self, acks: Any, what: str) -> Exception | None:
+        """Why the write that `acks` answers for does not count (None: it does): the
+        replicas' shortfall, or WAIT's own error (e.g. WAITAOF on a server that lacks it)."""
+        if self.enough(acks):
+            return None
+        if isinstance(acks, Exception):
+            return acks
+        return NotReplicated(f"{what}: {self.shortfall(acks)}")
 
     def run(self, topology: Topology, script: Script, keys: list[str],
             args: list[Any]) -> tuple[Any, Any]:  # fmt: skip
