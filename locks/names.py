@@ -70,7 +70,10 @@ def check_seconds(value: object, argument: str) -> float:
 def _positive_seconds(value: object, argument: str, *, allow_zero: bool) -> float:
     # the common case first, in one test (every acquire passes here); NaN, infinities,
     # bools and anything out of range take the checks below
-    if (type(value) is float or type(value) is int) and 0 < value <= MAX_SECONDS:
+    # (`wait=0`, a try, is as common as a ttl)
+    if (type(value) is float or type(value) is int) and (
+        0 < value <= MAX_SECONDS or (allow_zero and value == 0)
+    ):
         return float(value)
     if isinstance(value, bool) or not isinstance(value, int | float):
         raise TypeError(f"{argument} must be a number of seconds, not {type(value).__name__}")

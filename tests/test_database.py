@@ -107,6 +107,30 @@ def test_rows_of_released_and_dead_holders_are_purged_once_idle_and_fences_keep_
     db.close()
 
 
+def test_the_purge_every_thousand_releases_opens_no_connection(
+    mariadb_server: MariaDBServer, key: str
+) -> None:
+    """It ran on a new connection of the engine's: a handshake (~30 ms with PyMySQL's
+    TLS context) paid by every thousandth release. Now on a pooled one."""
+    db = DatabaseProvider(mariadb_server.url, pool_size=1)
+
+    def connections() -> int:
+        return int(mariadb_server.sql("SHOW GLOBAL STATUS LIKE 'Connections'").split()[-1])
+
+    try:
+        lease = db.acquire(key, ttl=30)  # the pool's connection made, the table ready
+        assert lease is not None
+        db.release(lease)
+        before = connections()
+        for _ in range(1001):  # a purge among them
+            lease = db.acquire(key, ttl=30)
+            assert lease is not None
+            db.release(lease)
+        assert connections() - before == 1  # the `sql` call's own
+    finally:
+        db.close()
+
+
 def test_an_expired_row_is_taken_over_with_a_higher_fence_and_a_level_counts_down(
     db: DatabaseProvider, key: str
 ) -> None:

@@ -20,10 +20,15 @@ and says so (docs/security.md has the table):
   `BackendUnavailable`.
 - PostgreSQL (libpq): a missing client certificate is the server's FATAL "connection
   requires a valid client certificate" (no SQLSTATE), read as a refusal by its text.
+
+The database tests run on both faces (`face`): the asyncio provider, given the same url
+and connect_args, keeps every promise the threaded one does (asyncmy for PyMySQL,
+psycopg's asyncio connection for libpq's), through `tests.aio_bridge.Threaded`.
 """
 
 from __future__ import annotations
 
+import inspect
 import ssl
 import time
 from collections.abc import Callable, Iterator
@@ -32,7 +37,14 @@ from typing import Any
 
 import pytest
 
-from locks import AccessDenied, BackendUnavailable, FallbackChain, LockProvider, from_config
+from locks import (
+    AccessDenied,
+    BackendUnavailable,
+    FallbackChain,
+    LockProvider,
+    aio,
+    from_config,
+)
 from locks.backends import (
     DatabaseProvider,
     LocalProvider,
@@ -40,8 +52,9 @@ from locks.backends import (
     RedisProvider,
     ZooKeeperProvider,
 )
-from locks.backends.dialects import connect_args, database_url, redacted
+from locks.backends.dialects import asyncio_url, connect_args, database_url, redacted
 from locks.tls import tls_refused
+from tests.aio_bridge import Threaded
 from tests.ports import free_port
 from tests.servers import MariaDBServer, ZooKeeperServer
 from tests.servers.postgresql import PostgreSQLServer
@@ -69,11 +82,18 @@ def locks(make: Make, key: str) -> None:
         provider.close()
 
 
+def chained(provider: LockProvider) -> FallbackChain | Threaded:
+    """`provider` over `local`, in a chain of its own face."""
+    if isinstance(provider, Threaded):
+        return Threaded(aio.FallbackChain([provider.aio, aio.LocalProvider()], name="chain"))
+    return FallbackChain([provider, LocalProvider()], name="chain")
+
+
 def refused(make: Make, key: str, *secrets: str) -> AccessDenied:
     """`AccessDenied` from the backend, and from a chain over it with `local` below:
     never granted by the next tier."""
     provider = make()
-    chain = FallbackChain([make(), LocalProvider()], name="chain")
+    chain = chained(make())
     try:
         with pytest.raises(AccessDenied) as denied:
             provider.acquire(key, ttl=30, wait=0)
@@ -91,7 +111,7 @@ def refused(make: Make, key: str, *secrets: str) -> AccessDenied:
 def unavailable(make: Make, key: str) -> BackendUnavailable:
     """`BackendUnavailable` from the backend, and a chain over it degrades to `local`."""
     provider = make()
-    chain = FallbackChain([make(), LocalProvider()], name="chain")
+    chain = chained(make())
     try:
         with pytest.raises(BackendUnavailable) as raised:
             provider.acquire(key, ttl=30, wait=0)
@@ -355,85 +375,115 @@ def test_zookeeper_without_tls_is_untouched(zookeeper_server: ZooKeeperServer, k
     locks(lambda: ZooKeeperProvider(zookeeper_server.url, name="zk"), key)
 
 
-# -- MySQL/MariaDB (PyMySQL) ------------------------------------------------------------
+# -- databases: each test on both faces -------------------------------------------------
 
 
-def mariadb(url: str, **options: Any) -> Make:
-    return lambda: DatabaseProvider(url, name="db", connect_timeout=2, **options)
+@pytest.fixture(params=["threaded", "asyncio"])
+def face(request: pytest.FixtureRequest) -> str:
+    """The database provider's face: threaded, or asyncio (called through the bridge)."""
+    name: str = request.param
+    return name
 
 
-def test_mariadb_over_verified_tls_locks(mariadb_tls: TLSMariaDBServer, pki: PKI, key: str) -> None:
-    locks(mariadb(mariadb_tls.tls_url(query=f"ssl_ca={pki.ca}")), key)  # SQLAlchemy's form
-    locks(mariadb(mariadb_tls.tls_url(), connect_args={"ssl_ca": str(pki.ca)}), key)
+def provider_class(face: str) -> Any:
+    return aio.DatabaseProvider if face == "asyncio" else DatabaseProvider
+
+
+def database(face: str, url: str, **options: Any) -> Make:
+    """A provider of `face` for `url`: the asyncio one called as a threaded one."""
+
+    def make() -> LockProvider:
+        provider = provider_class(face)(url, name="db", connect_timeout=2, **options)
+        made: LockProvider = Threaded(provider) if face == "asyncio" else provider
+        return made
+
+    return make
+
+
+# -- MySQL/MariaDB (PyMySQL; asyncmy on the asyncio face) ---------------------------------
+
+
+def test_mariadb_over_verified_tls_locks(
+    mariadb_tls: TLSMariaDBServer, pki: PKI, key: str, face: str
+) -> None:
+    """The `locks` user is REQUIRE SSL: a lock is TLS."""
+    url = mariadb_tls.tls_url()
+    locks(database(face, mariadb_tls.tls_url(query=f"ssl_ca={pki.ca}")), key)  # SQLAlchemy's
+    locks(database(face, url, connect_args={"ssl_ca": str(pki.ca)}), key)
     certificate = {"ssl_ca": str(pki.ca), "ssl_cert": str(pki.client.cert),
                    "ssl_key": str(pki.client.key)}  # fmt: skip
-    locks(mariadb(mariadb_tls.tls_url(user=CLIENT_CN), connect_args=certificate), key)
+    locks(database(face, mariadb_tls.tls_url(user=CLIENT_CN), connect_args=certificate), key)
 
 
 @pytest.mark.parametrize("form", ["url", "connect_args"])
 def test_mariadb_with_another_ca_is_denied(
-    mariadb_tls: TLSMariaDBServer, pki: PKI, key: str, form: str
+    mariadb_tls: TLSMariaDBServer, pki: PKI, key: str, form: str, face: str
 ) -> None:
-    """PyMySQL reports a TLS failure as 2003, "can't connect", like a refused port; the
-    `ssl.SSLCertVerificationError` it was raised from says what it is. Through
+    """PyMySQL and asyncmy report a TLS failure as 2003, "can't connect", like a refused
+    port; the `ssl.SSLCertVerificationError` it was raised from says what it is. Through
     connect_args, PyMySQL's `ssl_ca` alone verified nothing: it connected."""
     if form == "url":
-        make = mariadb(mariadb_tls.tls_url(query=f"ssl_ca={pki.other_ca}"))
+        make = database(face, mariadb_tls.tls_url(query=f"ssl_ca={pki.other_ca}"))
     else:
-        make = mariadb(mariadb_tls.tls_url(), connect_args={"ssl_ca": str(pki.other_ca)})
+        make = database(face, mariadb_tls.tls_url(), connect_args={"ssl_ca": str(pki.other_ca)})
     refused(make, key, mariadb_tls.password)
 
 
 def test_mariadb_with_another_host_name_is_denied(
-    mariadb_tls_wronghost: TLSMariaDBServer, pki: PKI, key: str
+    mariadb_tls_wronghost: TLSMariaDBServer, pki: PKI, key: str, face: str
 ) -> None:
-    refused(mariadb(mariadb_tls_wronghost.tls_url(query=f"ssl_ca={pki.ca}")), key)
-    refused(mariadb(mariadb_tls_wronghost.tls_url(), connect_args={"ssl_ca": str(pki.ca)}), key)
+    url = mariadb_tls_wronghost.tls_url()
+    refused(database(face, mariadb_tls_wronghost.tls_url(query=f"ssl_ca={pki.ca}")), key)
+    refused(database(face, url, connect_args={"ssl_ca": str(pki.ca)}), key)
     # only when asked: the chain alone
     chain_only = {"ssl_ca": str(pki.ca), "ssl_verify_identity": False}
-    locks(mariadb(mariadb_tls_wronghost.tls_url(), connect_args=chain_only), key)
+    locks(database(face, url, connect_args=chain_only), key)
 
 
 def test_mariadb_require_x509_without_a_client_certificate_is_denied(
-    mariadb_tls: TLSMariaDBServer, pki: PKI, key: str
+    mariadb_tls: TLSMariaDBServer, pki: PKI, key: str, face: str
 ) -> None:
     """REQUIRE X509 and no certificate: the server's 1045."""
-    refused(mariadb(mariadb_tls.tls_url(user=CLIENT_CN, query=f"ssl_ca={pki.ca}")), key,
-            CERT_PASSWORD)  # fmt: skip
+    url = mariadb_tls.tls_url(user=CLIENT_CN, query=f"ssl_ca={pki.ca}")
+    refused(database(face, url), key, CERT_PASSWORD)
 
 
 def test_mariadb_plaintext_for_a_require_ssl_user_is_denied(
-    mariadb_tls: TLSMariaDBServer, key: str
+    mariadb_tls: TLSMariaDBServer, key: str, face: str
 ) -> None:
     """REQUIRE SSL and TLS turned off: the server's 1045."""
-    refused(mariadb(mariadb_tls.tls_url(), connect_args={"ssl_disabled": True}), key)
+    refused(database(face, mariadb_tls.tls_url(), connect_args={"ssl_disabled": True}), key)
 
 
 def test_mariadb_tls_against_a_server_without_tls_is_denied(
-    mariadb_server: MariaDBServer, pki: PKI, key: str
+    mariadb_server: MariaDBServer, pki: PKI, key: str, face: str
 ) -> None:
-    """TLS asked for, and the server offers none: PyMySQL's 2026."""
-    refused(mariadb(f"{mariadb_server.url}&ssl_ca={pki.ca}"), key)
+    """TLS asked for, and the server offers none: PyMySQL's 2026. asyncmy asks for TLS
+    whatever the server offers, and meets its plaintext: WRONG_VERSION_NUMBER."""
+    refused(database(face, f"{mariadb_server.url}&ssl_ca={pki.ca}"), key)
+    refused(database(face, mariadb_server.url, connect_args={"ssl_ca": str(pki.ca)}), key)
 
 
 @pytest.mark.parametrize("value", ["false", "0", "true"])
 def test_ssl_disabled_in_a_mariadb_url_is_refused(
-    mariadb_tls: TLSMariaDBServer, value: str
+    mariadb_tls: TLSMariaDBServer, value: str, face: str
 ) -> None:
-    """SQLAlchemy passes it on as a string, which PyMySQL reads as true: TLS off."""
+    """SQLAlchemy passes it on as a string, which PyMySQL reads as true: TLS off (and
+    asyncmy takes no such argument)."""
     with pytest.raises(ValueError, match="ssl_disabled"):
-        DatabaseProvider(mariadb_tls.tls_url(query=f"ssl_disabled={value}"))
+        provider_class(face)(mariadb_tls.tls_url(query=f"ssl_disabled={value}"))
 
 
 def test_mariadb_tls_server_down_degrades(
-    mariadb_tls: TLSMariaDBServer, pki: PKI, key: str
+    mariadb_tls: TLSMariaDBServer, pki: PKI, key: str, face: str
 ) -> None:
     mariadb_tls.kill()
-    unavailable(mariadb(mariadb_tls.tls_url(query=f"ssl_ca={pki.ca}")), key)
+    unavailable(database(face, mariadb_tls.tls_url(query=f"ssl_ca={pki.ca}")), key)
 
 
-def _args(url: str, given: dict[str, Any]) -> dict[str, Any]:
-    return connect_args(database_url(url), 1.0, 2.0, given)
+def _args(url: str, given: dict[str, Any], face: str = "threaded") -> dict[str, Any]:
+    parse = asyncio_url if face == "asyncio" else database_url
+    return connect_args(parse(url), 1.0, 2.0, given)
 
 
 def test_pymysql_tls_in_connect_args_verifies_unless_told_not_to() -> None:
@@ -450,99 +500,151 @@ def test_pymysql_tls_in_connect_args_verifies_unless_told_not_to() -> None:
     assert "ssl_verify_cert" not in _args(f"{url}?ssl_ca=/ca.pem", {})  # SQLAlchemy's form
 
 
+def _asyncmy_context(**given: Any) -> ssl.SSLContext:
+    """The `ssl` asyncmy gets for PyMySQL's TLS arguments `given`, and only arguments
+    asyncmy takes (it would refuse PyMySQL's `ssl_*` at the first connection)."""
+    import asyncmy  # noqa: PLC0415  (the asyncio extra; the rest of the module needs none)
+
+    args = _args("mysql+pymysql://u:pw@db.example/locks", given, "asyncio")
+    inspect.signature(asyncmy.connect).bind(**args)
+    context = args["ssl"]
+    assert isinstance(context, ssl.SSLContext)
+    return context
+
+
+def test_asyncmy_gets_pymysql_tls_verified_unless_told_not_to(pki: PKI) -> None:
+    """The same decisions as PyMySQL's, as an `ssl.SSLContext` (asyncmy's `ssl` dict
+    has no key password)."""
+    context = _asyncmy_context(ssl_ca=str(pki.ca))
+    assert context.verify_mode == ssl.CERT_REQUIRED and context.check_hostname
+    client = {"ssl_cert": str(pki.client.cert), "ssl_key": str(pki.client.key)}
+    context = _asyncmy_context(**client)
+    assert context.verify_mode == ssl.CERT_REQUIRED and context.check_hostname
+    context = _asyncmy_context(ssl_ca=str(pki.ca), ssl_verify_identity=False)
+    assert context.verify_mode == ssl.CERT_REQUIRED and not context.check_hostname
+    context = _asyncmy_context(ssl_ca=str(pki.ca), ssl_verify_cert=False)
+    assert context.verify_mode == ssl.CERT_NONE and not context.check_hostname
+
+
+def test_asyncmy_gets_no_tls_where_pymysql_gets_none(pki: PKI) -> None:
+    url = "mysql+pymysql://u:pw@db.example/locks"
+    assert "ssl" not in _args(url, {}, "asyncio")
+    # PyMySQL's `ssl_disabled`: plaintext, whatever else asks for TLS (the url too)
+    assert _args(url, {"ssl_disabled": True, "ssl_ca": str(pki.ca)}, "asyncio")["ssl"] is None
+    assert "ssl_disabled" not in _args(url, {"ssl_disabled": False}, "asyncio")
+    # SQLAlchemy's form: its `ssl` dict, which asyncmy verifies as PyMySQL does
+    assert "ssl" not in _args(f"{url}?ssl_ca={pki.ca}", {}, "asyncio")
+
+
+def test_a_key_password_in_an_ssl_dict_for_asyncmy_is_refused() -> None:
+    """asyncmy's `ssl` dict has no password: OpenSSL would ask for it on the terminal."""
+    given = {"ssl": {"cert": "/c.pem", "key": "/k.pem", "password": "pw-x2"}}
+    with pytest.raises(ValueError, match="ssl_key_password") as raised:
+        _args("mysql://u:pw@h/locks", given, "asyncio")
+    assert "pw-x2" not in str(raised.value)
+
+
+@pytest.mark.parametrize("driver", ["pymysql", "asyncmy"])
 @pytest.mark.parametrize(
-    ("url", "given", "named"),
+    ("query", "given", "named"),
     [
-        ("mysql://u:pw@h/locks?ssl_verify_cert=true", {}, "ssl_verify_cert"),
-        ("mysql://u:pw@h/locks?ssl_verify_identity=false", {}, "ssl_verify_identity"),
-        ("mysql://u:pw@h/locks", {"ssl_disabled": "false"}, "ssl_disabled"),
-        ("mysql://u:pw@h/locks?ssl_ca=/ca.pem", {"ssl_cert": "/c.pem"}, "ssl_ca"),
+        ("?ssl_verify_cert=true", {}, "ssl_verify_cert"),
+        ("?ssl_verify_identity=false", {}, "ssl_verify_identity"),
+        ("?ssl_disabled=false", {}, "ssl_disabled"),
+        ("", {"ssl_disabled": "false"}, "ssl_disabled"),
+        ("?ssl_ca=/ca.pem", {"ssl_cert": "/c.pem"}, "ssl_ca"),
+        ("?ssl_key=/k.pem&ssl_key_password=x", {}, "ssl_key_password"),
     ],
 )
 def test_pymysql_tls_options_pymysql_would_misread_are_refused(
-    url: str, given: dict[str, Any], named: str
+    driver: str, query: str, given: dict[str, Any], named: str
 ) -> None:
+    """Refused for asyncmy too: the url and connect_args are PyMySQL's on both faces."""
     with pytest.raises(ValueError, match=named) as raised:
-        _args(url, given)
+        _args(f"mysql+{driver}://u:pw@h/locks{query}", given)
     assert "pw" not in str(raised.value)
 
 
-# -- PostgreSQL (libpq) -----------------------------------------------------------------
-
-
-def postgresql(url: str, **options: Any) -> Make:
-    return lambda: DatabaseProvider(url, name="db", connect_timeout=2, **options)
+# -- PostgreSQL (libpq; psycopg's asyncio connection on the asyncio face) ---------------------
 
 
 def test_postgresql_over_verified_tls_locks(
-    postgresql_tls: TLSPostgreSQLServer, pki: PKI, key: str
+    postgresql_tls: TLSPostgreSQLServer, pki: PKI, key: str, face: str
 ) -> None:
-    locks(postgresql(postgresql_tls.tls_url(query=f"sslrootcert={pki.ca}")), key)
-    locks(postgresql(postgresql_tls.tls_url(query=f"sslmode=verify-full&sslrootcert={pki.ca}")),
-          key)  # fmt: skip
-    locks(postgresql(postgresql_tls.tls_url(), connect_args={"sslrootcert": str(pki.ca)}), key)
+    locks(database(face, postgresql_tls.tls_url(query=f"sslrootcert={pki.ca}")), key)
+    query = f"sslmode=verify-full&sslrootcert={pki.ca}"
+    locks(database(face, postgresql_tls.tls_url(query=query)), key)
+    url = postgresql_tls.tls_url()
+    locks(database(face, url, connect_args={"sslrootcert": str(pki.ca)}), key)
     certificate = (f"sslrootcert={pki.ca}&sslcert={pki.client.cert}"
                    f"&sslkey={pki.client.key}")  # fmt: skip
-    locks(postgresql(postgresql_tls.tls_url(user=CLIENT_CN, query=certificate)), key)
+    locks(database(face, postgresql_tls.tls_url(user=CLIENT_CN, query=certificate)), key)
 
 
 def test_postgresql_with_another_ca_is_denied(
-    postgresql_tls: TLSPostgreSQLServer, pki: PKI, key: str
+    postgresql_tls: TLSPostgreSQLServer, pki: PKI, key: str, face: str
 ) -> None:
-    denied = refused(postgresql(postgresql_tls.tls_url(query=f"sslrootcert={pki.other_ca}")),
-                     key, postgresql_tls.password)  # fmt: skip
+    make = database(face, postgresql_tls.tls_url(query=f"sslrootcert={pki.other_ca}"))
+    denied = refused(make, key, postgresql_tls.password)
     assert "certificate verify failed" in str(denied)
 
 
 def test_postgresql_with_another_host_name_is_denied(
-    postgresql_tls_wronghost: TLSPostgreSQLServer, pki: PKI, key: str
+    postgresql_tls_wronghost: TLSPostgreSQLServer, pki: PKI, key: str, face: str
 ) -> None:
     """A CA and no sslmode is verify-full: the host name is checked."""
-    denied = refused(postgresql(postgresql_tls_wronghost.tls_url(query=f"sslrootcert={pki.ca}")),
-                     key)  # fmt: skip
+    server = postgresql_tls_wronghost
+    denied = refused(database(face, server.tls_url(query=f"sslrootcert={pki.ca}")), key)
+    assert "does not match host name" in str(denied)
+    url = server.tls_url()
+    denied = refused(database(face, url, connect_args={"sslrootcert": str(pki.ca)}), key)
     assert "does not match host name" in str(denied)
     # a weaker sslmode with the CA, when written: the chain only (libpq's verify-ca)
-    locks(postgresql(postgresql_tls_wronghost.tls_url(
-        query=f"sslmode=require&sslrootcert={pki.ca}")), key)  # fmt: skip
+    locks(database(face, server.tls_url(query=f"sslmode=require&sslrootcert={pki.ca}")), key)
 
 
 def test_postgresql_cert_method_without_a_client_certificate_is_denied(
-    postgresql_tls: TLSPostgreSQLServer, pki: PKI, key: str
+    postgresql_tls: TLSPostgreSQLServer, pki: PKI, key: str, face: str
 ) -> None:
-    refused(postgresql(postgresql_tls.tls_url(user=CLIENT_CN, query=f"sslrootcert={pki.ca}")),
-            key)  # fmt: skip
+    url = postgresql_tls.tls_url(user=CLIENT_CN, query=f"sslrootcert={pki.ca}")
+    refused(database(face, url), key)
 
 
 def test_postgresql_plaintext_against_hostssl_only_is_denied(
-    postgresql_tls: TLSPostgreSQLServer, key: str
+    postgresql_tls: TLSPostgreSQLServer, key: str, face: str
 ) -> None:
     """`sslmode=disable` and only `hostssl` lines: "no pg_hba.conf entry"."""
-    refused(postgresql(postgresql_tls.tls_url(query="sslmode=disable")), key)
+    refused(database(face, postgresql_tls.tls_url(query="sslmode=disable")), key)
 
 
 def test_postgresql_tls_against_a_server_without_tls_is_denied(
-    postgresql_server: PostgreSQLServer, pki: PKI, key: str
+    postgresql_server: PostgreSQLServer, pki: PKI, key: str, face: str
 ) -> None:
     """A CA given, so verify-full: "server does not support SSL" (under `prefer` it
     would have gone on in plaintext)."""
-    refused(postgresql(f"{postgresql_server.url}?sslrootcert={pki.ca}"), key)
+    refused(database(face, f"{postgresql_server.url}?sslrootcert={pki.ca}"), key)
 
 
 def test_postgresql_tls_server_down_degrades(
-    postgresql_tls: TLSPostgreSQLServer, pki: PKI, key: str
+    postgresql_tls: TLSPostgreSQLServer, pki: PKI, key: str, face: str
 ) -> None:
     postgresql_tls.kill()
-    unavailable(postgresql(postgresql_tls.tls_url(query=f"sslrootcert={pki.ca}")), key)
+    unavailable(database(face, postgresql_tls.tls_url(query=f"sslrootcert={pki.ca}")), key)
 
 
 @pytest.mark.parametrize("driver", ["psycopg", "psycopg2"])
-def test_a_postgresql_ca_without_sslmode_means_verify_full(driver: str) -> None:
+def test_a_postgresql_ca_without_sslmode_means_verify_full(driver: str, face: str) -> None:
+    """On the asyncio face too, whose driver is psycopg whatever the url names."""
     url = f"postgresql+{driver}://u:pw@db.example/locks"
-    assert _args(f"{url}?sslrootcert=/ca.pem", {})["sslmode"] == "verify-full"
-    assert _args(url, {"sslrootcert": "/ca.pem"})["sslmode"] == "verify-full"
-    assert "sslmode" not in _args(f"{url}?sslrootcert=/ca.pem&sslmode=verify-ca", {})
-    assert _args(url, {"sslrootcert": "/ca.pem", "sslmode": "require"})["sslmode"] == "require"
-    assert "sslmode" not in _args(url, {})
+    if face == "asyncio":
+        assert asyncio_url(url).get_driver_name() == "psycopg"
+    assert _args(f"{url}?sslrootcert=/ca.pem", {}, face)["sslmode"] == "verify-full"
+    assert _args(url, {"sslrootcert": "/ca.pem"}, face)["sslmode"] == "verify-full"
+    assert "sslmode" not in _args(f"{url}?sslrootcert=/ca.pem&sslmode=verify-ca", {}, face)
+    assert (
+        _args(url, {"sslrootcert": "/ca.pem", "sslmode": "require"}, face)["sslmode"] == "require"
+    )
+    assert "sslmode" not in _args(url, {}, face)
 
 
 @pytest.fixture
@@ -551,8 +653,9 @@ def pgsslmode_set(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
     yield
 
 
-def test_pgsslmode_in_the_environment_is_left_to_libpq(pgsslmode_set: None) -> None:
-    assert "sslmode" not in _args("postgresql://u:pw@db.example/locks?sslrootcert=/ca.pem", {})
+def test_pgsslmode_in_the_environment_is_left_to_libpq(pgsslmode_set: None, face: str) -> None:
+    url = "postgresql://u:pw@db.example/locks?sslrootcert=/ca.pem"
+    assert "sslmode" not in _args(url, {}, face)
 
 
 # -- an encrypted client key: its password opens it, and never shows -----------------------
@@ -561,67 +664,73 @@ KEY_PASSWORD = "db-key-secret-51c2"
 
 
 def test_mariadb_encrypted_client_key_with_its_password_locks(
-    mariadb_tls: TLSMariaDBServer, pki: PKI, key: str
+    mariadb_tls: TLSMariaDBServer, pki: PKI, key: str, face: str
 ) -> None:
     client = encrypted(pki, pki.client, KEY_PASSWORD)
     certificate = {"ssl_ca": str(pki.ca), "ssl_cert": str(client.cert),
                    "ssl_key": str(client.key), "ssl_key_password": KEY_PASSWORD}  # fmt: skip
-    locks(mariadb(mariadb_tls.tls_url(user=CLIENT_CN), connect_args=certificate), key)
+    locks(database(face, mariadb_tls.tls_url(user=CLIENT_CN), connect_args=certificate), key)
 
 
 def test_postgresql_encrypted_client_key_with_its_password_locks(
-    postgresql_tls: TLSPostgreSQLServer, pki: PKI, key: str
+    postgresql_tls: TLSPostgreSQLServer, pki: PKI, key: str, face: str
 ) -> None:
     client = encrypted(pki, pki.client, KEY_PASSWORD)
     query = (f"sslrootcert={pki.ca}&sslcert={client.cert}&sslkey={client.key}"
              f"&sslpassword={KEY_PASSWORD}")  # fmt: skip
-    locks(postgresql(postgresql_tls.tls_url(user=CLIENT_CN, query=query)), key)
+    locks(database(face, postgresql_tls.tls_url(user=CLIENT_CN, query=query)), key)
 
 
 @pytest.mark.parametrize("password", [None, "wrong-password"])
 def test_a_database_key_its_password_does_not_open_is_refused_before_any_io(
-    pki: PKI, password: str | None
+    pki: PKI, password: str | None, face: str
 ) -> None:
-    """libpq and PyMySQL would fail at the first connection, as if the server were down:
-    refused when the provider is made."""
+    """libpq, PyMySQL and asyncmy would fail at the first connection, as if the server
+    were down: refused when the provider is made."""
+    provider = provider_class(face)
     client = encrypted(pki, pki.client, KEY_PASSWORD)
     given = "" if password is None else f"&sslpassword={password}"
     files = f"sslrootcert={pki.ca}&sslcert={client.cert}&sslkey={client.key}{given}"
     with pytest.raises(ValueError, match="do not load") as raised:
-        DatabaseProvider(f"postgresql://u@127.0.0.1:1/locks?{files}")
+        provider(f"postgresql://u@127.0.0.1:1/locks?{files}")
     assert password is None or password not in str(raised.value)
     args = {"ssl_ca": str(pki.ca), "ssl_cert": str(client.cert), "ssl_key": str(client.key)}
     if password is not None:
         args["ssl_key_password"] = password
+    with pytest.raises(ValueError, match="do not load") as raised:
+        provider("mysql://u@127.0.0.1:1/locks", connect_args=args)
+    assert password is None or password not in str(raised.value)
     with pytest.raises(ValueError, match="do not load"):
-        DatabaseProvider("mysql://u@127.0.0.1:1/locks", connect_args=args)
+        provider(f"mysql://u@127.0.0.1:1/locks?ssl_ca={pki.ca}.missing")
     with pytest.raises(ValueError, match="do not load"):
-        DatabaseProvider(f"mysql://u@127.0.0.1:1/locks?ssl_ca={pki.ca}.missing")
+        provider("mysql://u@127.0.0.1:1/locks", connect_args={"ssl_ca": f"{pki.ca}.missing"})
 
 
-def test_a_key_password_in_a_mysql_url_is_refused() -> None:
+def test_a_key_password_in_a_mysql_url_is_refused(face: str) -> None:
     """SQLAlchemy passes it beside its `ssl` dict, where PyMySQL never reads it."""
     with pytest.raises(ValueError, match="connect_args") as raised:
-        DatabaseProvider("mysql://u@127.0.0.1:1/locks?ssl_key=/k.pem&ssl_key_password=pw-x1")
+        provider_class(face)("mysql://u@127.0.0.1:1/locks?ssl_key=/k.pem&ssl_key_password=pw-x1")
     assert "pw-x1" not in str(raised.value)
 
 
-def test_database_key_passwords_never_show(pki: PKI, key: str) -> None:
+def test_database_key_passwords_never_show(pki: PKI, key: str, face: str) -> None:
     client = encrypted(pki, pki.client, KEY_PASSWORD)
     down = f"127.0.0.1:{free_port()}"
     files = f"sslrootcert={pki.ca}&sslcert={client.cert}&sslkey={client.key}"
     args = {"ssl_ca": str(pki.ca), "ssl_cert": str(client.cert), "ssl_key": str(client.key),
             "ssl_key_password": KEY_PASSWORD}  # fmt: skip
-    for provider in (
-        DatabaseProvider(f"postgresql://u:pw@{down}/locks?{files}&sslpassword={KEY_PASSWORD}"),
-        DatabaseProvider(f"postgresql://u:pw@{down}/locks?{files}",
-                         connect_args={"sslpassword": KEY_PASSWORD}),
-        DatabaseProvider(f"mysql://u:pw@{down}/locks", connect_args=args),
+    for make in (
+        database(face, f"postgresql://u:pw@{down}/locks?{files}&sslpassword={KEY_PASSWORD}"),
+        database(face, f"postgresql://u:pw@{down}/locks?{files}",
+                 connect_args={"sslpassword": KEY_PASSWORD}),
+        database(face, f"mysql://u:pw@{down}/locks", connect_args=args),
     ):  # fmt: skip
+        provider = make()
         try:
             with pytest.raises(BackendUnavailable) as raised:
                 provider.acquire(key, ttl=5, wait=0)
-            for text in (str(raised.value), repr(raised.value), repr(provider)):
+            shown = provider.aio if isinstance(provider, Threaded) else provider
+            for text in (str(raised.value), repr(raised.value), repr(shown)):
                 assert KEY_PASSWORD not in text
         finally:
             provider.close()

@@ -30,7 +30,6 @@ import time
 from collections.abc import Mapping
 from typing import Any
 
-import sqlalchemy as sa
 from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 from sqlalchemy.util import greenlet_spawn
 
@@ -274,12 +273,9 @@ class DatabaseProvider(DatabaseRules, AsyncProviderBase):
     async def purge(self) -> int:
         """As the threaded face's `purge`."""
         params: dict[str, Any] = {"grace_us": round(self.purge_after * 1e6)}
-        with self._translated():
-            async with self.engine.connect() as conn:
-                found = await conn.execute(sa.text(self._purge_find_text), params)
-                names = found.scalars().all()
+        found = (await self._run(self._purge_find_sql, params))[2] or []
         deleted = 0
-        for name in names:
+        for (name,) in found:
             deleted += (await self._run(self._purge_sql, {**params, "name": name}))[0]
         return deleted
 

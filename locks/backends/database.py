@@ -213,26 +213,29 @@ class _Statement:
     sql: str
     positions: tuple[str, ...]  # parameter order, for positional styles (qmark, format)
     named: bool  # the driver takes a mapping of parameters
+    every_row: bool = False  # `run` returns every row read, not the first
 
     @staticmethod
-    def compile(sql: str, dialect: Any) -> _Statement:
+    def compile(sql: str, dialect: Any, *, every_row: bool = False) -> _Statement:
         direct = dialect.driver == "pymysql" and not sql.lstrip().startswith("SELECT")
         if direct:
             dialect = type(dialect)(paramstyle="format")  # positional: a tuple to format
         compiled = sa.text(sql).compile(dialect=dialect)
         positions = tuple(compiled.positiontup or ())
         kind = _PyMySQLStatement if direct else _Statement
-        return kind(compiled.string, positions, not compiled.positional)
+        return kind(compiled.string, positions, not compiled.positional, every_row)
 
     def _args(self, params: dict[str, Any]) -> Any:
         return params if self.named else [params[n] for n in self.positions]
 
     def run(self, connection: Any, params: dict[str, Any]) -> tuple[int, int, Any]:
-        """The rowcount, the lastrowid and the first row, if any."""
+        """The rowcount, the lastrowid and the first row, if any (every row read, as a
+        list, for a statement compiled `every_row`)."""
         cursor = connection.cursor()
         try:
             cursor.execute(self.sql, self._args(params))
-            row = cursor.fetchone() if cursor.description else None
+            read = cursor.fetchall if self.every_row else cursor.fetchone
+            row = read() if cursor.description else None
             # only MySQL's fence comes back as LAST_INSERT_ID; psycopg 3 has no lastrowid
             return cursor.rowcount, getattr(cursor, "lastrowid", None) or 0, row
         finally:
@@ -246,7 +249,8 @@ class _Statement:
             await cursor.execute(
                 self.sql, params if self.named else [params[n] for n in self.positions]
             )
-            row = await _awaited(cursor.fetchone()) if cursor.description else None
+            read = cursor.fetchall if self.every_row else cursor.fetchone
+            row = await _awaited(read()) if cursor.description else None
             return cursor.rowcount, getattr(cursor, "lastrowid", None) or 0, row
         finally:
             await _awaited(cursor.close())
@@ -354,8 +358,8 @@ class DatabaseRules(LeaseKeeper):
         parts = {"t": quoted, "now": _CLOCK_US[dialect], "greatest": _GREATEST[dialect]}
         announced = str if channel is None else _announcing(channel)
 
-        def compiled(sql: str) -> _Statement:
-            return _Statement.compile(sql.format(**parts), sa_dialect)
+        def compiled(sql: str, *, every_row: bool = False) -> _Statement:
+            return _Statement.compile(sql.format(**parts), sa_dialect, every_row=every_row)
 
         self._insert_sql = compiled(_MYSQL_INSERT if self._mysql else _INSERT)
         self._upsert_sql = compiled(_MYSQL_UPSERT if self._mysql else _UPSERT)
@@ -367,7 +371,7 @@ class DatabaseRules(LeaseKeeper):
         self._holder_sql = compiled(_HOLDER)
         self._break_sql = compiled(announced(_BREAK))
         self._purge_sql = compiled(_PURGE)
-        self._purge_find_text = _PURGE_FIND.format(**parts)
+        self._purge_find_sql = compiled(_PURGE_FIND, every_row=True)
         self._ping_sql = compiled("SELECT 1")
         self._read_only_sql = compiled("SELECT @@global.read_only")
 
@@ -720,11 +724,12 @@ class DatabaseProvider(DatabaseRules, ProviderBase):
         params: dict[str, Any] = {"grace_us": round(self.purge_after * 1e6)}
         # Found by a plain read, then deleted one by one by key. A DELETE with the expiry
         # in its WHERE scans the table (the expiry has no index): InnoDB would lock every
-        # row it reads and wait for any row an open transaction holds.
-        with self._translated(), self.engine.connect() as conn:
-            names = conn.execute(sa.text(self._purge_find_text), params).scalars().all()
+        # row it reads and wait for any row an open transaction holds. On a pooled
+        # connection: the engine's would be a new one (a handshake, ~30 ms with PyMySQL's
+        # TLS context), paid by every thousandth release.
+        found = self._run(self._purge_find_sql, params)[2] or []
         deleted = 0
-        for name in names:
+        for (name,) in found:
             deleted += self._run(self._purge_sql, {**params, "name": name})[0]
         return deleted
 

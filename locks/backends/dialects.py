@@ -11,6 +11,7 @@ from __future__ import annotations
 import importlib.util
 import os
 import re
+import ssl
 from collections.abc import Mapping
 from typing import Any
 
@@ -144,19 +145,21 @@ def asyncio_url(url: str) -> sa.engine.URL:
 def connect_args(
     url: sa.engine.URL, connect_timeout: float, socket_timeout: float, given: dict[str, Any]
 ) -> dict[str, Any]:
-    """What each driver needs so that no call outlives its timeouts (`given` wins). The
-    asyncio drivers have no read timeout: the asyncio face bounds each call itself."""
+    """What each driver needs so that no call outlives its timeouts (`given` wins), and
+    TLS verified in full wherever it is asked for. The asyncio drivers have no read
+    timeout: the asyncio face bounds each call itself."""
     args = dict(given)
     name, driver = family(url.get_backend_name()), url.get_driver_name()
-    if name == "mysql" and driver in _ASYNCIO:
+    if name == "mysql":
         args.setdefault("connect_timeout", max(1, round(connect_timeout)))
-    elif name == "mysql":
-        args.setdefault("connect_timeout", max(1, round(connect_timeout)))
-        # a hung server holds a statement (and the handshake) this long, no longer
-        args.setdefault("read_timeout", socket_timeout)
-        args.setdefault("write_timeout", socket_timeout)
-        if driver == "pymysql":
+        if driver not in _ASYNCIO:
+            # a hung server holds a statement (and the handshake) this long, no longer
+            args.setdefault("read_timeout", socket_timeout)
+            args.setdefault("write_timeout", socket_timeout)
+        if driver in ("pymysql", "asyncmy"):  # one url and connect_args for both faces
             _pymysql_tls(url, args)
+        if driver == "asyncmy":
+            _asyncmy_tls(url, args)
     elif name == "postgresql" and driver in ("psycopg", "psycopg2"):
         args.setdefault("connect_timeout", max(1, round(connect_timeout)))
         # a CA given means TLS verified in full: libpq's default (`prefer`) would take
@@ -213,7 +216,9 @@ def _pymysql_tls(url: sa.engine.URL, args: dict[str, Any]) -> None:
     """TLS asked for in `args` (PyMySQL's `ssl_ca`, `ssl_cert` or `ssl_key`) verifies the
     chain and the host name unless `args` says otherwise: alone, PyMySQL's `ssl_ca`
     verifies nothing. A switch written as a string, and TLS options in both the URL and
-    `args` (PyMySQL would drop the URL's CA), are refused."""
+    `args` (PyMySQL would drop the URL's CA), are refused. asyncmy is given the same
+    url and `args` (one TOML for both faces): decided here for both, then translated
+    (`_asyncmy_tls`)."""
     for switch in _PYMYSQL_SWITCHES:
         if switch in url.query or isinstance(args.get(switch), str):
             where = "the url" if switch in url.query else "connect_args"
@@ -237,6 +242,41 @@ def _pymysql_tls(url: sa.engine.URL, args: dict[str, Any]) -> None:
         args.setdefault("ssl_verify_cert", True)
         if args["ssl_verify_cert"]:  # PyMySQL would verify the chain for the host name
             args.setdefault("ssl_verify_identity", True)
+
+
+def _asyncmy_tls(url: sa.engine.URL, args: dict[str, Any]) -> None:
+    """PyMySQL's TLS arguments, as `_pymysql_tls` decided them, in the one form asyncmy
+    takes: an `ssl.SSLContext`. asyncmy refuses PyMySQL's `ssl_*` keywords at the first
+    connection, and its `ssl` dict has no key password (OpenSSL would ask for it on the
+    terminal). Built as PyMySQL builds its own (the CA alone when given, else the
+    system's; `ssl_disabled` turns off the url's TLS too), except that the host name is
+    checked whenever `ssl_verify_identity` is, with or without a CA (PyMySQL drops the
+    check without one). The url's form (SQLAlchemy's `ssl` dict) asyncmy reads as
+    PyMySQL does: left to it."""
+    own = args.get("ssl")
+    if isinstance(own, Mapping) and own.get("password"):
+        raise ValueError(
+            "a password in connect_args' ssl dict: asyncmy would not read it (OpenSSL would "
+            "ask on the terminal); give ssl_cert, ssl_key and ssl_key_password instead"
+        )
+    options = {k: args.pop(k) for k in (*_PYMYSQL_TLS, "ssl_disabled") if k in args}
+    if options.get("ssl_disabled"):
+        args["ssl"] = None  # PyMySQL's plaintext, whatever else asks for TLS
+        return
+    if not any(options.get(k) for k in _PYMYSQL_TLS if k != "ssl_key_password"):
+        return  # no TLS asked for here: the url's, or a `ssl` of the caller's own, if any
+    ca, cert, key, password = (options.get(k) for k in _TLS_FILES["mysql"])
+    check_tls_files(url, {k: v for k, v in options.items() if k in _TLS_FILES["mysql"]})
+    identity = bool(options.get("ssl_verify_identity"))
+    verified = identity or bool(options.get("ssl_verify_cert"))  # PyMySQL's rule
+    context = ssl.create_default_context(cafile=ca)
+    # PyMySQL's too: what it accepts (MySQL's own self-signed certificates) must pass here
+    context.verify_flags &= ~ssl.VERIFY_X509_STRICT
+    context.check_hostname = verified and identity
+    context.verify_mode = ssl.CERT_REQUIRED if verified else ssl.CERT_NONE
+    if cert:  # never no password: OpenSSL would ask for an encrypted key's on the terminal
+        context.load_cert_chain(cert, key, password=password or (lambda: b""))
+    args["ssl"] = context
 
 
 # a TLS key's password: libpq's `sslpassword`, PyMySQL's `ssl_key_password`, the `ssl`
