@@ -1,6 +1,6 @@
 """Where one acquire+release cycle's time goes, per backend.
 
-    python -m benchmarks.profile [BACKEND ...] [--cycles 3000] [--top 12]
+    python -m benchmarks.profile [BACKEND ...] [--cycles 3000] [--top 12] [--null-driver]
 
 BACKEND: redis, redis-hash, zookeeper, mariadb, postgresql, file, local (default: all).
 Each runs against a server this process starts on a free loopback port. For each: the
@@ -11,6 +11,10 @@ and the server: `recv`, `select`, `poll`, locks and events a driver's reader thr
 sets), and the rest (the standard library, the interpreter). The profiler inflates
 Python time, so read the shares, not the microseconds; the top functions of our own
 code come last. This is what issue 20's optimizations start from.
+
+--null-driver (the database backends): after the profile, the cycle once more with every
+statement answered at once by a connection that does no I/O, so what is left is our own
+code's time, unprofiled: what a database cycle costs beyond the driver and the server.
 """
 
 from __future__ import annotations
@@ -146,16 +150,74 @@ def profile(provider: LockProvider, count: int, top: int) -> str:
     return "\n".join(lines)
 
 
+class _NullCursor:
+    """Every statement answered at once, as granted: one row, one row counted."""
+
+    description = ("row",)
+    rowcount = 1
+    lastrowid = 1
+
+    def execute(self, sql: str, args: Any) -> None:
+        pass
+
+    def fetchone(self) -> tuple[int, int]:
+        return (1, 1)
+
+    def fetchall(self) -> list[Any]:
+        return []
+
+    def close(self) -> None:
+        pass
+
+
+class _NullConnection:
+    """A DBAPI connection that does no I/O (PyMySQL's query path included)."""
+
+    def cursor(self) -> _NullCursor:
+        return _NullCursor()
+
+    def escape(self, value: object) -> str:
+        return repr(value)
+
+    def query(self, sql: str) -> int:
+        return 1
+
+    def insert_id(self) -> int:
+        return 1
+
+    def fileno(self) -> int:
+        return -1
+
+
+def our_own_time(provider: LockProvider, count: int) -> float:
+    """Seconds per cycle with the driver and the server taken out (`--null-driver`)."""
+    pool: Any = provider._connections  # type: ignore[attr-defined]
+    take, give = pool.take, pool.give
+    null = _NullConnection()
+    pool.take, pool.give = (lambda: null), (lambda connection: None)
+    try:
+        return cycles(provider, count)
+    finally:
+        pool.take, pool.give = take, give
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
     parser.add_argument("backends", nargs="*", choices=[*BACKENDS, []], metavar="BACKEND")
     parser.add_argument("--cycles", type=int, default=3000)
     parser.add_argument("--top", type=int, default=12)
+    parser.add_argument("--null-driver", action="store_true",
+                        help="the database backends: our code's own time, no I/O")  # fmt: skip
     args = parser.parse_args(argv)
     with tempfile.TemporaryDirectory(prefix="locks-profile-") as folder:
         for backend in args.backends or BACKENDS:
             with provider_for(backend, Path(folder)) as provider:
-                print(f"## {backend}\n{profile(provider, args.cycles, args.top)}\n", flush=True)
+                print(f"## {backend}\n{profile(provider, args.cycles, args.top)}", flush=True)
+                if args.null_driver and backend in ("mariadb", "postgresql"):
+                    own = our_own_time(provider, args.cycles * 5)
+                    print(f"{own * 1e6:8.1f} µs a cycle of our own code (a null driver: "
+                          "every statement answered at once, no I/O)", flush=True)  # fmt: skip
+                print(flush=True)
     return 0
 
 

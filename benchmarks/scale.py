@@ -73,6 +73,8 @@ IMAGE = plots.IMAGES / "scale.png"
 PARTS = ("leases", "waiters", "workers", "memory")
 
 WATCHDOG_TTL = 3.0  # s: our auto-renewed leases, renewed every ttl/3
+DEFAULT_TTL = 30.0  # s: the providers' default watchdog_ttl, what a service runs with
+DEFAULT_TTL_WINDOW = 12.0  # s: longer than one renewal period (10 s) of DEFAULT_TTL
 PEER_EXPIRE = 3  # s: python-redis-lock's `expire` (whole seconds), renewed every 2/3 of it
 SLACK = 1.2  # renewed in time: no lease went longer than SLACK x its period unrenewed
 TTL = 30.0  # s: the fixed ttl of a crowd's grants
@@ -100,6 +102,8 @@ class Plan:
     memory_locks: int
     window: float  # s of renewing only, per point of part 1
     seconds: float  # s every crowd of parts 2 and 3 loops
+    # ours again with the default watchdog ttl (30 s), each over `DEFAULT_TTL_WINDOW`
+    default_ttl_leases: tuple[int, ...] = ()
 
 
 FULL = Plan(
@@ -107,7 +111,7 @@ FULL = Plan(
     waiter_threads=(1, 10, 100, 1000), waiter_processes=(1, 4, 16),
     worker_threads=(1, 4, 16, 64), worker_processes=(1, 4, 16),
     database_threads=(1, 4, 16, 64), database_processes=(1, 4, 16),
-    memory_locks=10_000, window=6.0, seconds=4.0,
+    memory_locks=10_000, window=6.0, seconds=4.0, default_ttl_leases=(100_000,),
 )  # fmt: skip
 QUICK = Plan(
     leases=(1, 100, 1000), peer_leases=(1, 100, 1000),
@@ -331,6 +335,9 @@ def held_leases(url: str, count: int, *, window: float, ttl: float = WATCHDOG_TT
     calls per renewal are measured, not assumed."""
     from locks.backends import RedisProvider  # noqa: PLC0415  # the redis extra
 
+    library = "fallback-locks redis"
+    if ttl != WATCHDOG_TTL:
+        library += f", watchdog_ttl {ttl:g} s"
     provider = RedisProvider(url, watchdog_ttl=ttl, prefix=f"scale-{uuid.uuid4().hex[:12]}")
     client = redis.Redis.from_url(url)
     lost: list[str] = []
@@ -375,7 +382,7 @@ def held_leases(url: str, count: int, *, window: float, ttl: float = WATCHDOG_TT
     calls, reads = renewed.counted
     done = renewals.renewals
     return _lease_row(
-        "fallback-locks redis", True, count=count, held=len(leases), setup=setup,
+        library, True, count=count, held=len(leases), setup=setup,
         period=ttl / 3, renewals=renewals, calls=calls / done if done else None,
         reads=reads / done if done else None, window=renewed, lost=len(lost),
         lost_why=_why(lost), grown=grown, failure=failure,
@@ -513,8 +520,11 @@ def sweep_leases(url: str, plan: Plan) -> list[LeaseRow]:
     """Part 1: ours at every count, then the peer until it breaks (a point that could
     not even be set up ends the peer's sweep: a larger one would break the same way)."""
     rows = []
-    for count in plan.leases:
-        row = held_leases(url, count, window=plan.window)
+    points = [(count, plan.window, WATCHDOG_TTL) for count in plan.leases]
+    # and what a service runs with: the default ttl, a round of 10 s
+    points += [(count, DEFAULT_TTL_WINDOW, DEFAULT_TTL) for count in plan.default_ttl_leases]
+    for count, window, ttl in points:
+        row = held_leases(url, count, window=window, ttl=ttl)
         print(f"  {row['library']}, {count:,} leases: {_rate(row['renewals_per_second'])}"
               f" of {_rate(row['needed_per_second'])} renewals/s needed, lost {row['lost']}, "
               f"oldest unrenewed {_num(row['oldest_unrenewed_s'], 2)} s", flush=True)  # fmt: skip
@@ -1157,7 +1167,8 @@ def leases_summary(rows: Sequence[LeaseRow]) -> str:
         parts.append(text + ".")
     return _fill(
         " ".join(parts) + f" In time: nothing lost and no lease unrenewed for longer than "
-        f"{SLACK:g}x its period (ours: a third of the {WATCHDOG_TTL:g} s watchdog ttl; "
+        f"{SLACK:g}x its period (ours: a third of the watchdog ttl, {WATCHDOG_TTL:g} s "
+        f"unless the row says otherwise; "
         f"python-redis-lock: 2/3 of its {PEER_EXPIRE} s expire). When a lease was last "
         "renewed is read, exactly, from its validity (ours: `valid_until` - ttl) or its "
         "key's PTTL (python-redis-lock), sampled every 0.25-0.5 s; the round is the mean "

@@ -19,6 +19,10 @@ def test_redis_points_count_renewals_grants_and_keys_and_release_leaves_no_lock(
     assert (ours["held"], ours["lost"], ours["failure"]) == (5, 0, None)
     assert ours["renewals_per_second"] and ours["renewals_per_second"] > 0
     assert ours["calls_per_renewal"] and ours["calls_per_renewal"] > 0
+    assert ours["library"] == "fallback-locks redis"
+    longer = scale.held_leases(redis_server.url, 2, window=1.0, ttl=1.5)  # a row says its ttl
+    assert longer["library"] == "fallback-locks redis, watchdog_ttl 1.5 s"
+    assert (longer["held"], longer["lost"], longer["period_s"]) == (2, 0, 0.5)
 
     peer = scale.peer_held_locks(redis_server.url, 3, window=2.5)
     assert (peer["held"], peer["lost"], peer["failure"]) == (3, 0, None)
