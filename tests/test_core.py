@@ -300,7 +300,9 @@ def test_the_watchdog_renews_in_time_while_threads_churn_leases() -> None:
     """`watch` and `unwatch` take no lock: every renewal must still come before expiry,
     and none may start after `unwatch` returned, while eight threads churn leases."""
     dog, renewals = Watchdog(), _Renewals()
-    held: list[_Item] = []  # ttl 0.3 s: renewed every 0.1 s
+    # ttl 0.6 s: renewed every 0.2 s, a 0.4 s margin (0.3 s once failed by 39 ms: the
+    # whole suite on 2 CPUs stalled this process for a quarter of a second)
+    held: list[_Item] = []
     stop = threading.Event()
 
     def churn(worker: int) -> None:
@@ -316,9 +318,9 @@ def test_the_watchdog_renews_in_time_while_threads_churn_leases() -> None:
         worker.start()
     for _ in range(4):
         time.sleep(0.1)
-        held.append(renewals.item(0.3))
+        held.append(renewals.item(0.6))
         dog.watch(held[-1], held[-1].due)
-    time.sleep(1.5)
+    time.sleep(2.5)
     stop.set()
     for worker in workers:
         worker.join()
