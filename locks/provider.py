@@ -140,6 +140,14 @@ class Lease:
                      self.ttl if ttl is None else ttl, self.depth, self.acquired_at,
                      self.auto_renew, self.state)  # fmt: skip
 
+    def detached(self) -> Lease:
+        """The same grant's names with a state of its own, ended: what an ended grant's
+        record keeps, so it does not keep (or make a cycle with) its holder's state."""
+        state = LeaseState(None)
+        state.ended = True
+        return Lease(self.key, self.backend, self.owner, self.token, self.fence, self.ttl,
+                     self.depth, self.acquired_at, self.auto_renew, state)  # fmt: skip
+
     @property
     def valid_until(self) -> float | None:
         """Monotonic time after which the backend may hand the lock to someone else."""

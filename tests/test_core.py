@@ -3,12 +3,14 @@ handle, events, the watchdog's bookkeeping."""
 
 from __future__ import annotations
 
+import gc
 import itertools
 import os
 import subprocess
 import sys
 import threading
 import time
+import types
 from collections.abc import Iterator
 
 import pytest
@@ -19,7 +21,7 @@ from locks.backends import LocalProvider, RedisHashProvider, RedisProvider
 from locks.events import Event, EventKind, add_observer, remove_observer
 from locks.names import check_name, check_ttl, check_wait
 from locks.owner import current_owner, in_this_process, new_token
-from locks.watchdog import Watchdog
+from locks.watchdog import _DRAIN_AT, Watchdog
 from tests.forks import in_forked_child
 from tests.servers import RedisServer
 from tests.threads import in_thread
@@ -193,6 +195,64 @@ def test_a_released_lease_fails_its_check_and_cannot_be_released_twice() -> None
         lease.check()
     with pytest.raises(LockNotOwned):
         provider.release(lease)
+
+
+def _in_a_cycle(start: object, besides: object) -> bool:
+    """Whether `start` reaches itself through what it refers to, not through `besides`
+    (the provider, which lives on anyway and leads everywhere)."""
+    seen, todo = {id(besides)}, list(gc.get_referents(start))
+    while todo:
+        thing = todo.pop()
+        if thing is start:
+            return True
+        if id(thing) in seen or isinstance(thing, type | types.ModuleType):
+            continue
+        seen.add(id(thing))
+        todo.extend(gc.get_referents(thing))
+    return False
+
+
+def test_an_ended_grant_is_freed_without_the_garbage_collector(
+    redis_hash: RedisHashProvider, redis_server: RedisServer, key: str
+) -> None:
+    """A released grant's objects make no reference cycle, so they go when the last
+    reference does: a cycle would leave them to the collector, whose passes (every ~100
+    grants) stall every thread of the service and lagged an asyncio loop's p99 twofold."""
+    plain = RedisProvider(redis_server.url)
+    try:
+        for provider in (redis_hash, plain):
+            lease = provider.acquire(key)
+            assert lease is not None
+            nested = provider.acquire(key) if provider is redis_hash else None
+            hold = lease.state.hold
+            if nested is not None:
+                provider.release(nested)
+            provider.release(lease)
+            assert not _in_a_cycle(hold, provider), f"{provider.name}: a grant in a cycle"
+            assert not _in_a_cycle(lease, provider), f"{provider.name}: a lease in a cycle"
+    finally:
+        plain.close()
+
+
+def test_the_watchdog_keeps_no_released_lease_past_a_bounded_number(
+    redis_server: RedisServer, key: str
+) -> None:
+    """A lease released before its first renewal leaves an entry for the watchdog's
+    thread, asleep until the earliest lease is due (its first renewal, 10 s away): the
+    entries it has not yet taken in stay bounded, not one per lease released meanwhile."""
+    provider = RedisProvider(redis_server.url)
+    try:
+        kept = provider.acquire(f"{key}:kept")  # renewed: watched
+        for _ in range(5000):
+            lease = provider.acquire(key)
+            assert lease is not None
+            provider.release(lease)
+        watchdog = provider._watchdog
+        assert len(watchdog._arrived) + len(watchdog._heap) <= 3 * _DRAIN_AT
+        assert kept is not None
+        provider.release(kept)
+    finally:
+        provider.close()
 
 
 def test_a_lease_from_another_provider_is_refused() -> None:
