@@ -14,7 +14,8 @@ import threading
 import time
 import uuid
 from collections.abc import Awaitable, Callable
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, ClassVar
 
 import pytest
 import redis
@@ -249,6 +250,33 @@ def test_a_release_runs_to_its_end_when_its_task_is_cancelled(
 # -- the loop is never blocked -----------------------------------------------------------
 
 
+@dataclass(frozen=True)
+class Lag:
+    """How late the loop ran a sampler's wake-ups: the 99th percentile and the worst.
+
+    The two catch the two ways a call can block the loop. A round trip made on it under
+    load runs on every task's turn, so most wake-ups are late (1,000 tasks x 0.1 ms); a
+    call waiting out a paused server stalls it once for its socket timeout, one sample
+    among thousands that only the worst sees."""
+
+    p99: float
+    worst: float
+
+    WORST_BOUND: ClassVar[float] = 0.250  # half the tests' socket timeouts
+
+    def within(self, p99_bound: float) -> bool:
+        return self.p99 <= p99_bound and self.worst <= self.WORST_BOUND
+
+    def __str__(self) -> str:
+        return f"p99 {self.p99 * 1000:.1f} ms, worst {self.worst * 1000:.0f} ms"
+
+
+def over(p99_bound: float, seen: list[str]) -> str:
+    """The failure message of a lag measure no try met."""
+    bounds = f"p99 {p99_bound * 1000:.0f} ms, worst {Lag.WORST_BOUND * 1000:.0f} ms"
+    return f"loop lag over {bounds} in every try: {seen}"
+
+
 class LagMeter:
     """How late the loop runs a 1 ms sleep's wake-up, sampled all along."""
 
@@ -265,11 +293,11 @@ class LagMeter:
     def start(self) -> None:
         self._task = asyncio.create_task(self._run())
 
-    async def stop(self) -> float:
+    async def stop(self) -> Lag:
         assert self._task is not None
         self._task.cancel()
         await asyncio.gather(self._task, return_exceptions=True)
-        return statistics.quantiles(self.lags, n=100)[98]
+        return Lag(statistics.quantiles(self.lags, n=100)[98], max(self.lags))
 
 
 async def contend(provider: AsyncProviderBase, key: str, seconds: float) -> tuple[int, list[str]]:
@@ -308,7 +336,7 @@ def test_1000_tasks_locking_and_a_paused_server_never_block_the_loop(
     """The loop's p99 lag stays under 5 ms while 1,000 tasks contend, and while the
     server is paused under them (a blocking call would stall it a socket timeout)."""
 
-    async def main() -> tuple[int, float, float]:
+    async def main() -> tuple[int, Lag, Lag]:
         provider = make(kind, redis_server.url)  # the defaults: what a service gets
         try:
             meter = LagMeter()
@@ -328,11 +356,11 @@ def test_1000_tasks_locking_and_a_paused_server_never_block_the_loop(
     for _ in range(TRIES):
         grants, busy, paused = run(main)
         assert grants > 1000, f"only {grants} grants in 2 s: the test measured nothing"
-        seen.append(f"{busy * 1000:.1f} ms busy, {paused * 1000:.1f} ms paused")
-        if busy <= 0.005 and paused <= 0.005:
+        seen.append(f"busy: {busy}; paused: {paused}")
+        if busy.within(0.005) and paused.within(0.005):
             return
         redis_server.ensure_running()
-    pytest.fail(f"p99 loop lag over 5 ms in every try: {seen}")
+    pytest.fail(over(0.005, seen))
 
 
 def test_1000_tasks_on_local_locks_never_hold_the_loop_for_a_step(key: str) -> None:

@@ -20,7 +20,7 @@ from locks.backends import DatabaseProvider as ThreadedDatabase
 from locks.errors import BackendUnavailable, ConfigError, LockNotOwned
 from locks.provider import Lease
 from tests.servers import MariaDBServer
-from tests.test_aio import TRIES, LagMeter, run
+from tests.test_aio import TRIES, Lag, LagMeter, over, run
 
 SERVERS = {"mariadb": "mariadb_server", "postgresql": "postgresql_server", "sqlite": "sqlite_file"}
 
@@ -392,7 +392,10 @@ def test_tasks_locking_and_a_paused_server_never_block_the_loop(
     mariadb_server: MariaDBServer, key: str
 ) -> None:
     """200 tasks over 20 keys, then the server paused under them for 1 s: the loop's p99
-    lag stays under 5 ms (a blocking call would stall it for a socket timeout)."""
+    lag stays under 20 ms and no wake-up is 250 ms late (a blocking call would stall it
+    for a socket timeout). The p99 is not Redis's 5 ms: asyncmy reads each reply in
+    Python on the loop, several packets a statement, and a 2-core machine running the
+    suite put it at 5-6 ms with nothing of ours blocking."""
 
     async def contend(provider: aio.DatabaseProvider, seconds: float) -> int:
         grants = 0
@@ -412,7 +415,7 @@ def test_tasks_locking_and_a_paused_server_never_block_the_loop(
         await asyncio.gather(*(worker(i, until) for i in range(200)))
         return grants
 
-    async def main() -> tuple[int, float, float]:
+    async def main() -> tuple[int, Lag, Lag]:
         provider = aio.DatabaseProvider(mariadb_server.url, socket_timeout=0.5)
         try:
             meter = LagMeter()
@@ -433,7 +436,7 @@ def test_tasks_locking_and_a_paused_server_never_block_the_loop(
         grants, busy, paused = run(main)
         mariadb_server.ensure_running()
         assert grants > 200, f"only {grants} grants in 2 s: the test measured nothing"
-        seen.append(f"{busy * 1000:.1f} ms busy, {paused * 1000:.1f} ms paused")
-        if busy <= 0.005 and paused <= 0.005:
+        seen.append(f"busy: {busy}; paused: {paused}")
+        if busy.within(0.020) and paused.within(0.020):
             return
-    pytest.fail(f"p99 loop lag over 5 ms in every try: {seen}")
+    pytest.fail(over(0.020, seen))

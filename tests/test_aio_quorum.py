@@ -18,7 +18,7 @@ from locks import BackendUnavailable, Lease, LockNotOwned, aio
 from locks.backends import RedisProvider as ThreadedRedis
 from locks.quorum import Quorum as ThreadedQuorum
 from tests.servers.redis_masters import RedisMasters
-from tests.test_aio import TRIES, LagMeter, run
+from tests.test_aio import TRIES, Lag, LagMeter, over, run
 
 
 def quorum_of(masters: RedisMasters, *, members: int = 5, **options: Any) -> aio.Quorum:
@@ -272,9 +272,10 @@ def test_two_members_down_it_grants_and_three_down_names_them(
 
 def test_a_paused_member_never_blocks_the_loop(redis_masters: RedisMasters) -> None:
     """100 tasks on 50 keys while one member is paused (each round waits out its socket
-    timeout, 0.5 s): the loop's p99 lag stays under 5 ms."""
+    timeout, 0.5 s): the loop's p99 lag stays under 20 ms, as the database's, and no
+    wake-up is 250 ms late: three members' calls for every step of a task."""
 
-    async def main() -> tuple[int, float]:
+    async def main() -> tuple[int, Lag]:
         quorum = quorum_of(redis_masters, members=3)
         prefix = uuid.uuid4().hex
         grants = 0
@@ -301,10 +302,10 @@ def test_a_paused_member_never_blocks_the_loop(redis_masters: RedisMasters) -> N
     for _ in range(TRIES):
         grants, lag = run(main)
         assert grants > 100, f"only {grants} grants in 2 s: the test measured nothing"
-        seen.append(f"{lag * 1000:.1f} ms ({grants} grants)")
-        if lag <= 0.005:
+        seen.append(f"{lag} ({grants} grants)")
+        if lag.within(0.020):
             return
-    pytest.fail(f"p99 loop lag over 5 ms in every try: {seen}")
+    pytest.fail(over(0.020, seen))
 
 
 def test_a_threaded_and_an_asyncio_quorum_exclude_each_other(
