@@ -61,9 +61,10 @@ CLASSES: dict[str, type[LeaseKeeper]] = {
     "aio-sqlite": aio.DatabaseProvider,
     "aio-postgresql": aio.DatabaseProvider,
     "aio-redis-sentinel": aio.RedisProvider,  # (the threaded face's is the hash type)
+    "aio-redis-cluster": aio.RedisHashProvider,  # (the threaded face's is the plain type)
 }
 QUORUMS = ("quorum", "aio-quorum")  # over the redis_masters, one member each
-TOPOLOGIES = ("redis-sentinel", "redis-cluster", "aio-redis-sentinel")
+TOPOLOGIES = ("redis-sentinel", "redis-cluster", "aio-redis-sentinel", "aio-redis-cluster")
 
 # the server fixture each kind needs, if any
 SERVERS: dict[str, tuple[str, ...]] = {
@@ -96,6 +97,7 @@ SERVERS: dict[str, tuple[str, ...]] = {
     "aio-postgresql": ("postgresql_server",),
     "aio-quorum": ("redis_masters",),
     "aio-redis-sentinel": ("sentinel_topology",),
+    "aio-redis-cluster": ("cluster_topology",),
 }
 
 # an address of each kind where nobody listens, given a free port
@@ -127,6 +129,7 @@ DEAD_ADDRESS = {
     "quorum": "|".join(["redis://127.0.0.1:{port}/0"] * 3),
     "aio-quorum": "|".join(["redis://127.0.0.1:{port}/0"] * 3),
     "aio-redis-sentinel": "redis+sentinel://127.0.0.1:{port}/locks/0",
+    "aio-redis-cluster": "redis+cluster://127.0.0.1:{port}",
 }
 
 

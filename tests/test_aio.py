@@ -585,18 +585,15 @@ def test_bad_input_is_refused_before_any_io(arguments: dict[str, Any], named: st
     run(main)
 
 
-def test_a_cluster_is_refused_by_name_and_sentinel_arguments_are_the_threaded_faces() -> None:
-    for options in ({"url": "redis+cluster://127.0.0.1:1"},
-                    {"url": "rediss+cluster://127.0.0.1:1"},
-                    {"cluster_nodes": ["127.0.0.1:1"]}):  # fmt: skip
-        with pytest.raises(ValueError, match="a Cluster is the threaded face's"):
-            aio.RedisProvider(**options)
-    with pytest.raises(ValueError, match="service"):
-        aio.RedisProvider(sentinels=["127.0.0.1:1"])
-    with pytest.raises(ValueError, match="socket_timeout"):
-        aio.RedisHashProvider(sync_replicas=1, sync_timeout=0.5)
-    made = aio.RedisHashProvider("redis+sentinel://127.0.0.1:1/locks", sync_replicas=1)  # no I/O
+def test_sentinel_and_cluster_providers_are_made_without_io_and_name_their_topology() -> None:
+    made = aio.RedisHashProvider("redis+sentinel://127.0.0.1:1/locks", sync_replicas=1)
     assert made.address == "sentinel 127.0.0.1:1/locks"
+    cluster = aio.RedisProvider("redis+cluster://127.0.0.1:1,127.0.0.1:2", sync_replicas=1)
+    assert cluster.address == "cluster 127.0.0.1:1,127.0.0.1:2"
+    with pytest.raises(AttributeError, match="a pool per primary"):
+        cluster.client  # noqa: B018 - the property is what is tested
+    with pytest.raises(TypeError, match=r"redis\.asyncio\.Redis or RedisCluster"):
+        aio.RedisProvider(client=redis.Redis())  # type: ignore[arg-type]  # the threaded kind
 
 
 @pytest.mark.parametrize("fault", ["killed", "paused"])

@@ -9,6 +9,7 @@ only a topology can show.
 
 from __future__ import annotations
 
+import asyncio
 import re
 import threading
 import time
@@ -144,13 +145,14 @@ def waiting(provider: LockProvider, key: str) -> tuple[threading.Thread, list[Le
 def test_bad_topology_arguments_are_refused_before_any_io(
     kwargs: dict[str, object], named: str
 ) -> None:
-    with pytest.raises(ValueError, match=re.escape(named)):
-        RedisProvider(**kwargs)  # type: ignore[arg-type]
+    for face in (RedisProvider, aio.RedisProvider):
+        with pytest.raises(ValueError, match=re.escape(named)):
+            face(**kwargs)  # type: ignore[arg-type]
 
 
 @pytest.mark.parametrize("scheme", ["redis+cluster", "redis+sentinel"])
 def test_an_unreachable_topology_is_an_outage_of_the_first_call_never_ambiguous(
-    scheme: str,
+    scheme: str, build: Build
 ) -> None:
     """Constructing does no I/O; the first call is a BackendUnavailable naming the
     topology (not the password), and not ambiguous: no primary was found, so nothing
@@ -159,15 +161,12 @@ def test_an_unreachable_topology_is_an_outage_of_the_first_call_never_ambiguous(
 
     port = free_port()
     url = f"{scheme}://user:s3cret@127.0.0.1:{port}" + ("/locks" if "sentinel" in scheme else "")
-    provider = RedisProvider(url)
-    try:
-        with pytest.raises(BackendUnavailable, match=f"127.0.0.1:{port}") as caught:
-            provider.acquire("k", ttl=5, wait=0)
-        assert "s3cret" not in str(caught.value)
-        assert not caught.value.ambiguous
-        assert len(str(caught.value)) < 500
-    finally:
-        provider.close()
+    provider = build(False, url)
+    with pytest.raises(BackendUnavailable, match=f"127.0.0.1:{port}") as caught:
+        provider.acquire("k", ttl=5, wait=0)
+    assert "s3cret" not in str(caught.value)
+    assert not caught.value.ambiguous
+    assert len(str(caught.value)) < 500
 
 
 # -- sync_replicas on a server without enough replicas ------------------------------------
@@ -379,14 +378,13 @@ def test_the_seeds_hazard_a_promoted_replica_that_missed_the_lock(
 
 
 def test_cluster_failover_keeps_a_lease_and_wakes_a_waiter(
-    cluster_topology: ClusterTopology, key: str, made: list[Any]
+    cluster_topology: ClusterTopology, key: str, build: Build
 ) -> None:
     """Kill the primary of the lock's slot: its replica takes over with the lock, the
     holder's renewals and release reach it, and a waiter subscribed before the failover
     is woken well before the 30 s that bound a lost wake-up."""
-    holder = RedisHashProvider(cluster_topology.url, watchdog_ttl=6.0)
-    waiter_provider = RedisProvider(cluster_topology.url)
-    made += [holder, waiter_provider]
+    holder = build(True, cluster_topology.url, watchdog_ttl=6.0)
+    waiter_provider = build(False, cluster_topology.url)
     lost: list[Lease] = []
     lease = holder.acquire(key, on_lost=lost.append)
     assert lease is not None
@@ -442,12 +440,11 @@ def migrate_slot(
 def test_cluster_slot_migration_is_followed_through_ask_and_moved(
     cluster_topology: ClusterTopology,
     key: str,
-    made: list[Any],
+    build: Build,
     sync_replicas: int,
 ) -> None:
-    holder = RedisProvider(cluster_topology.url, sync_replicas=sync_replicas, sync_timeout=0.2)
-    other = RedisProvider(cluster_topology.url, sync_replicas=sync_replicas, sync_timeout=0.2)
-    made += [holder, other]
+    holder = build(False, cluster_topology.url, sync_replicas=sync_replicas, sync_timeout=0.2)
+    other = build(False, cluster_topology.url, sync_replicas=sync_replicas, sync_timeout=0.2)
     lease = holder.acquire(key, ttl=30, wait=0)
     assert lease is not None
     migrate_slot(cluster_topology, lock_key(key), finish=False)
@@ -499,6 +496,41 @@ def test_clients_passed_in_serve_each_topology_and_stay_open(
         assert client.get(lock_key(key)) is None  # still usable: not ours to close
     cluster_client.close()
     sentinel_client.close()
+
+
+def test_asyncio_clients_passed_in_serve_each_topology_and_stay_open(
+    sentinel_topology: SentinelTopology, cluster_topology: ClusterTopology, key: str
+) -> None:
+    """The same with redis.asyncio's Sentinel primary client and RedisCluster: a
+    cluster's lends the provider its nodes and settings for pools of the provider's own,
+    and both are left open by close()."""
+    from redis.asyncio.cluster import ClusterNode, RedisCluster  # noqa: PLC0415
+    from redis.asyncio.sentinel import Sentinel  # noqa: PLC0415
+
+    async def main() -> None:
+        sentinels = [("127.0.0.1", s.port) for s in sentinel_topology.sentinels]
+        manager = Sentinel(sentinels, socket_timeout=1)  # type: ignore[no-untyped-call]
+        sentinel_client = manager.master_for(sentinel_topology.service, socket_timeout=1)
+        node = ClusterNode("127.0.0.1", cluster_topology.nodes[0].port)
+        cluster_client = RedisCluster(startup_nodes=[node])
+        clients: list[tuple[Any, str]] = [
+            (sentinel_client, "sentinel "), (cluster_client, "cluster "),
+        ]  # fmt: skip
+        for client, named in clients:
+            provider = aio.RedisHashProvider(client=client)
+            assert provider.address.startswith(named)
+            lease = await provider.acquire(key, ttl=5, wait=0)
+            assert lease is not None
+            other = aio.RedisHashProvider(client=client)  # another process's view
+            assert await asyncio.create_task(other.acquire(key, ttl=5, wait=0)) is None
+            await provider.release(lease)
+            await provider.close()
+            await other.close()
+            assert await client.get(lock_key(key)) is None  # still usable: not ours
+        await cluster_client.aclose()
+        await sentinel_client.aclose()
+
+    asyncio.run(main())
 
 
 def _acl_user(clients: list[redis.Redis], name: str, rule: str) -> None:

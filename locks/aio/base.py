@@ -92,13 +92,14 @@ class AsyncProviderBase(LeaseKeeper, MakesAsyncLocks, ABC):
     async def _extend_many(self, requests: Sequence[tuple[Lease, float]]) -> list[bool | None]:
         """As the threaded face's: one by one here; a backend that can pipeline them
         sends them at once."""
-        outcomes: list[bool | None] = []
-        for lease, ttl in requests:
-            try:
-                outcomes.append(await self._areporting(lease.key, self._extend(lease, ttl)))
-            except LockError:
-                outcomes.append(None)
-        return outcomes
+        return [await self._extend_or_unknown(lease, ttl) for lease, ttl in requests]
+
+    async def _extend_or_unknown(self, lease: Lease, ttl: float) -> bool | None:
+        """One of `_extend_many`'s outcomes: None where the backend could not answer."""
+        try:
+            return await self._areporting(lease.key, self._extend(lease, ttl))
+        except LockError:
+            return None
 
     # -- the protocol ---------------------------------------------------------------
 

@@ -5,11 +5,12 @@ arguments are checked, and the topology worked out, by the same code as the thre
 face's (`locks.backends.redis.topology`); the client it would build is rebuilt over
 `redis.asyncio` with the same settings.
 
-One server (`redis://`, `rediss://`, `unix://`) or a Sentinel-managed primary
-(`redis+sentinel://`, or `sentinels=` and `service=`), or a `redis.asyncio.Redis` of
-either passed as `client`; with `sync_replicas`, WAIT follows each grant, renewal,
-fence floor and break on the connection that wrote it, in the same write. A Cluster is
-the threaded face's only, and refused here by name."""
+One server (`redis://`, `rediss://`, `unix://`), a Sentinel-managed primary
+(`redis+sentinel://`, or `sentinels=` and `service=`) or a Cluster (`redis+cluster://`
+or `cluster_nodes=`, a pool per primary: `locks.aio.redis_cluster`), or a
+`redis.asyncio` client of any of them passed as `client`; with `sync_replicas`, WAIT
+follows each grant, renewal, fence floor and break on the connection that wrote it, in
+the same write."""
 
 from __future__ import annotations
 
@@ -20,15 +21,17 @@ import logging
 import math
 import os
 import time
-from collections.abc import Awaitable, Callable, Hashable, Sequence
+from collections.abc import Awaitable, Callable, Hashable, Mapping, Sequence
 from typing import Any
 
 import redis
 import redis.asyncio as aioredis
 from redis import exceptions as errors
+from redis.asyncio.cluster import RedisCluster
 from redis.asyncio.sentinel import Sentinel, SentinelConnectionPool
 
 from locks.aio.base import AsyncProviderBase
+from locks.aio.redis_cluster import ClusterPools
 from locks.aio.redis_notify import AsyncNotifier
 from locks.aio.redis_pool import AsyncPool
 from locks.backends.redis.algorithms import (
@@ -52,6 +55,7 @@ from locks.backends.redis.runs import REFUSED, RunWatch, lost_in_new_run
 from locks.backends.redis.scripts import Script
 from locks.backends.redis.topology import (
     DEFAULT_URL,
+    ClusterTopology,
     Timeouts,
     Topology,
     pool_address,
@@ -75,6 +79,9 @@ logger = logging.getLogger("locks")
 
 # a script call that undoes another: (script, KEYS, ARGV)
 Undo = tuple[Script, list[str], list[Any]]
+# one exchange on a pool's connection, ASKING first or not: the replies it reads
+OnPool = Callable[[AsyncPool, bool], Awaitable[tuple[Any, Any]]]
+_REDIRECTS = 5  # MOVED or ASK followed for one call before it is an outage
 # the parent's clients, in a forked child (see `after_fork_in_child`)
 _LEFT_BY_PARENT: list[object] = []
 # what an asyncio connection takes over from the threaded pool's settings (not its
@@ -128,11 +135,12 @@ class _AsyncRedisBase(Algorithm, AsyncProviderBase):
         tls_check_hostname: bool = True,
         sentinel_tls: bool | None = None,
     ) -> None:
-        """As the threaded providers' arguments (`locks.backends.RedisProvider`), but
-        no Cluster; `client` is a `redis.asyncio.Redis`. `max_connections` bounds the
-        requests in flight, not the tasks (a waiting task holds no connection): the loop
-        runs the replies that come back together one after another, so it is what bounds
-        a busy loop's stalls. 10 kept the p99 loop lag of 1,000 contending tasks near
+        """As the threaded providers' arguments (`locks.backends.RedisProvider`);
+        `client` is a `redis.asyncio.Redis` or `RedisCluster` (whose settings and nodes a
+        pool per primary is made from). `max_connections` bounds the requests in flight (a
+        Cluster's: to each primary), not the tasks (a waiting task holds no connection): the
+        loop runs the replies that come back together one after another, so it is what
+        bounds a busy loop's stalls. 10 kept the p99 loop lag of 1,000 contending tasks near
         3.5 ms on a 2-core VM (50: 13 ms) for 5 % fewer grants a second."""
         super().__init__(self.type_name if name is None else name, watchdog_ttl)
         tls = tls_settings(tls_ca, tls_cert, tls_key, tls_key_password, tls_check_hostname)
@@ -142,46 +150,71 @@ class _AsyncRedisBase(Algorithm, AsyncProviderBase):
         self._sync = replica_sync(sync_replicas, sync_timeout, sync_aof, timeouts.socket)
         self.sync_replicas = sync_replicas
         self._socket_timeout = timeouts.socket
-        if client is not None:
+        self._cluster: ClusterPools | None = None
+        self._client: aioredis.Redis | None = None
+        self._db: int
+        self._kind: str  # the threaded face's `Topology.kind`
+        self._runs: RunWatch
+        self._make_cluster: Callable[[], ClusterPools]
+        self._owned, self._passwords = client is None, []
+        if isinstance(client, RedisCluster):
+            self._db = 0
+            self._kind = "cluster"
+            manager = client.nodes_manager
+            nodes = [(node.host, int(node.port)) for node in manager.startup_nodes.values()]
+            self.address = "cluster " + ",".join(f"{host}:{port}" for host, port in nodes)
+            self._runs = RunWatch(self._where(), True, self._run_changed)
+            settings = dict(manager.connection_kwargs)
+            settings["connection_class"] = client.nodes_manager.connection_kwargs.get(
+                "connection_class", aioredis.Connection
+            )
+            self._make_cluster = _cluster_maker(nodes, settings, timeouts, self._hook(None))
+            self._cluster = self._make_cluster()
+        elif client is not None:
             if not isinstance(client, aioredis.Redis):
                 raise TypeError(
-                    f"client must be a redis.asyncio.Redis, not {type(client).__name__}"
+                    "client must be a redis.asyncio.Redis or RedisCluster, not "
+                    f"{type(client).__name__}"
                 )
-            self._client, self._owned, self._passwords = client, False, []
+            self._client = client
             pool = client.connection_pool
             kwargs = pool.connection_kwargs
             self._db = int(kwargs.get("db", 0) or 0)
+            self._kind = "sentinel" if isinstance(pool, SentinelConnectionPool) else "server"
             self.address = pool_address(pool)
             self._runs = RunWatch(self._where(), False, self._run_changed)
             kwargs["redis_connect_func"] = self._hook(kwargs.get("redis_connect_func"))
         else:
-            if cluster_nodes is not None or (
-                isinstance(url, str) and url.split("://", 1)[0].endswith("+cluster")
-            ):
-                raise ValueError(
-                    "url: locks.aio's Redis providers take one server or a Sentinel-managed "
-                    "primary; a Cluster is the threaded face's"
-                )
             threaded = topology(
-                url, client=None, sentinels=sentinels, service=service, cluster_nodes=None,
-                db=db, username=username, password=password,
+                url, client=None, sentinels=sentinels, service=service,
+                cluster_nodes=cluster_nodes, db=db, username=username, password=password,
                 sentinel_username=sentinel_username, sentinel_password=sentinel_password,
                 tls=tls, sentinel_tls=sentinel_tls, timeouts=timeouts,
             )  # fmt: skip
-            self._db, self.address = threaded.db, threaded.address
-            self._runs = RunWatch(self._where(), False, self._run_changed)
-            self._make_client = _maker(threaded, timeouts, self._hook(None))
-            self._client, self._owned = self._make_client(), True
+            self._db, self._kind = threaded.db, threaded.kind
+            self.address = threaded.address
             self._passwords = threaded.secrets()
+            self._runs = RunWatch(self._where(), self._kind == "cluster", self._run_changed)
+            if isinstance(threaded, ClusterTopology):
+                settings = {**threaded.settings, "connection_class": _connection_class(threaded)}
+                self._make_cluster = _cluster_maker(threaded.nodes, settings, timeouts,
+                                                    self._hook(None))  # fmt: skip
+                self._cluster = self._make_cluster()
+            else:
+                self._make_client = _maker(threaded, timeouts, self._hook(None))
+                self._client = self._make_client()
         self._notifier = AsyncNotifier(self._pubsub, prefix, self._pass_on, self._error)
 
     def after_fork_in_child(self) -> None:
         # the pool's connections and its condition belong to the parent and its loop:
         # a client of our own gets a new pool (a client passed in is its owner's to renew)
         super().after_fork_in_child()
-        if self._owned:
-            # never closed here, nor collected: closing a connection of the parent's loop
-            # takes its socket out of the epoll instance the child shares with its parent
+        # never closed here, nor collected: closing a connection of the parent's loop
+        # takes its socket out of the epoll instance the child shares with its parent
+        if self._cluster is not None:  # a given cluster client's settings made its pools
+            _LEFT_BY_PARENT.append(self._cluster)
+            self._cluster = self._make_cluster()
+        elif self._owned:
             _LEFT_BY_PARENT.append(self._client)
             self._client = self._make_client()
 
@@ -228,26 +261,43 @@ class _AsyncRedisBase(Algorithm, AsyncProviderBase):
                 self._lose(hold, lost_in_new_run(self.address))
 
     def _pubsub(self) -> Any:
-        return self._client.pubsub()
+        if self._cluster is not None:  # a publish reaches every node: any one will do
+            return aioredis.Redis(connection_pool=self._cluster.some_pool()).pubsub()
+        return self._single().pubsub()
 
     @property
     def client(self) -> aioredis.Redis:
-        """The `redis.asyncio` client."""
+        """The `redis.asyncio` client (of one server or Sentinel primary: a Cluster's
+        provider keeps a pool per primary instead, and has none)."""
+        return self._single()
+
+    def _single(self) -> aioredis.Redis:
+        if self._client is None:
+            raise AttributeError(f"{self.name}: a Cluster provider has a pool per primary, "
+                                 "not one client")  # fmt: skip
         return self._client
+
+    async def _pool_for(self, key: str) -> AsyncPool:
+        """The pool of the server that owns `key`."""
+        if self._cluster is not None:
+            return await self._cluster.for_key(key)
+        return self._single().connection_pool  # type: ignore[return-value]  # ours
 
     def _keys(self, key: str) -> Keys:
         return keys_of(self.prefix, key)
 
     def _domain(self) -> Hashable:
         """The threaded face's (`Topology.domain`): one lock space."""
-        kind = "sentinel" if self.address.startswith("sentinel ") else "server"
-        return ("redis", (kind, self.address, self._db), self.prefix)
+        return ("redis", (self._kind, self.address, self._db), self.prefix)
 
     def _classify(self, error: BaseException) -> type[BackendUnavailable] | type[BackendError]:
         return AccessDenied if refused(error) else super()._classify(error)
 
     def _secrets(self) -> list[str]:
-        kwargs = self._client.connection_pool.connection_kwargs
+        pool = (
+            self._single().connection_pool if self._cluster is None else self._cluster.some_pool()
+        )
+        kwargs = pool.connection_kwargs
         found = [kwargs.get("password"), kwargs.get("ssl_password"),
                  *self._passwords]  # fmt: skip
         return [str(secret) for secret in found if secret]
@@ -271,54 +321,86 @@ class _AsyncRedisBase(Algorithm, AsyncProviderBase):
         synced: bool,
     ) -> tuple[Any, Any]:  # fmt: skip
         """`script` by its SHA (in full if the server lost it: a restart), straight onto
-        a pooled connection, packed by us: redis-py's `execute_command` costs several
-        times more Python, and with a socket timeout its send is a task of its own.
-        `synced`: WAIT written behind it in the same write (it counts that connection's
-        writes); its reply is the second returned.
+        a pooled connection of the server that owns keys[0], packed by us: redis-py's
+        `execute_command` costs several times more Python, and with a socket timeout its
+        send is a task of its own. `synced`: WAIT written behind it in the same write (it
+        counts that connection's writes); its reply is the second returned.
 
         The request is written at once, without a suspension, so it runs on the server
         whatever happens to the caller. A caller cancelled before the replies came leaves
         them to be read in the background, after `undo` (a script call that undoes
         this one, e.g. an acquire's release) is written behind it on the same connection,
         where the server runs it after this one, always."""
-        pool = self._client.connection_pool
-        connection = await pool.get_connection()  # type: ignore[no-untyped-call]
-        wait = b"".join(connection.pack_command(*self._sync.command)) if synced else b""  # type: ignore[union-attr]
-        unread = [0]  # replies written for and not read yet
-        try:
-            reply, acks = await _replies(connection, _packed(connection, script, keys, args),
-                                         wait, unread)  # fmt: skip
-            if isinstance(reply, errors.NoScriptError):
-                # the server lost it (a restart): EVAL in full, which caches it again
-                call = connection.pack_command("EVAL", script.source, len(keys), *keys, *args)
-                reply, acks = await _replies(connection, b"".join(call), wait, unread)
-        except asyncio.CancelledError:
-            self._in_background(self._drain(connection, undo, unread[0]))
-            raise
-        except BaseException:
-            await connection.disconnect(nowait=True)  # a reply may still be on its way
-            await pool.release(connection)
-            raise
-        await pool.release(connection)  # an error reply too: the connection is in step
-        if isinstance(reply, Exception):
-            raise reply
-        return reply, acks
+        wait = self._sync.command if synced and self._sync is not None else None
 
-    async def _drain(self, connection: Any, undo: Undo | None, unread: int) -> None:
-        """After a cancelled call: `undo` written behind it, every reply read (each
-        within the socket timeout); the connection is then dropped, as its parser may
-        have been stopped inside a reply."""
+        async def on(pool: AsyncPool, asking: bool) -> tuple[Any, Any]:
+            connection = await pool.get_connection()
+            ask = b"".join(connection.pack_command("ASKING")) if asking else b""
+            waits = b"".join(connection.pack_command(*wait)) if wait else b""
+            unread = [0]  # replies written for and not read yet
+            try:
+                packed = ask + _packed(connection, script, keys, args)
+                reply, acks = await _replies(connection, packed, waits, unread, asking)
+                if isinstance(reply, errors.NoScriptError):
+                    # the server lost it (a restart): EVAL in full, which caches it again
+                    call = connection.pack_command("EVAL", script.source, len(keys), *keys,
+                                                   *args)  # fmt: skip
+                    reply, acks = await _replies(connection, ask + b"".join(call), waits,
+                                                 unread, asking)  # fmt: skip
+            except asyncio.CancelledError:
+                self._in_background(self._drain(pool, connection, undo, unread[0], ask))
+                raise
+            except BaseException:
+                await connection.disconnect(nowait=True)  # a reply may still be on its way
+                await pool.release(connection)
+                raise
+            await pool.release(connection)  # an error reply too: the connection is in step
+            return reply, acks
+
+        return await self._routed(keys[0], on)
+
+    async def _command(self, key: str, *command: Any) -> Any:
+        """A plain command on the server that owns `key`: its reply."""
+        reply, _ = await self._routed(key, lambda pool, asking: _command_on(pool, asking, command))
+        return reply
+
+    async def _routed(self, key: str, on: OnPool) -> tuple[Any, Any]:
+        """`on` the pool of `key`'s server; on a Cluster, again where a MOVED or an ASK
+        reply points, and the slot table read anew after a primary stopped answering
+        (a failover's promoted replica serves the next call). An error reply is raised."""
+        pool, asking = await self._pool_for(key), False
+        for _ in range(_REDIRECTS):
+            try:
+                reply, second = await on(pool, asking)
+            except (errors.ConnectionError, errors.TimeoutError, OSError):
+                if self._cluster is not None:
+                    self._cluster.forget_slots()
+                raise
+            if self._cluster is None or not isinstance(reply, errors.AskError):
+                if isinstance(reply, Exception):
+                    raise reply
+                return reply, second
+            pool, asking = await self._cluster.redirected(key, reply)  # MOVED is an ASK too
+        raise errors.ClusterError(f"the slot of {key!r} kept moving")
+
+    async def _drain(
+        self, pool: AsyncPool, connection: Any, undo: Undo | None, unread: int, ask: bytes
+    ) -> None:
+        """After a cancelled call: `undo` written behind it (with ASKING if the call had
+        it), every reply read (each within the socket timeout); the connection is then
+        dropped, as its parser may have been stopped inside a reply."""
         try:
             if undo is not None:
-                _write(connection, _packed(connection, *undo))
-            for _ in range(unread + (undo is not None)):
+                _write(connection, ask + _packed(connection, *undo))
+                unread += 1 + bool(ask)
+            for _ in range(unread):
                 with contextlib.suppress(errors.ResponseError):
                     await connection.read_response(disconnect_on_error=False)
         except Exception as exc:  # gone: the server frees a grant at its ttl
             logger.debug("%s: reading a cancelled call's reply failed: %s", self.name, exc)
         finally:
             await connection.disconnect(nowait=True)
-            await self._client.connection_pool.release(connection)
+            await pool.release(connection)
 
     async def _acquire(
         self, key: str, owner: str, token: str, ttl: float, deadline: float | None
@@ -414,7 +496,11 @@ class _AsyncRedisBase(Algorithm, AsyncProviderBase):
 
     async def _extend_many(self, requests: Sequence[tuple[Lease, float]]) -> list[bool | None]:
         """The watchdog's extends in one pipeline: one round trip for hundreds. One by
-        one with `sync_replicas` (each renewal waits for its replicas)."""
+        one with `sync_replicas` (each renewal waits for its replicas); on a Cluster,
+        whose keys live on several primaries, each on its own and all at once."""
+        if self._cluster is not None:
+            extends = (self._extend_or_unknown(lease, ttl) for lease, ttl in requests)
+            return list(await asyncio.gather(*extends))
         if len(requests) < 2 or self._sync is not None:
             return await super()._extend_many(requests)
         script = self.extend_script
@@ -424,7 +510,7 @@ class _AsyncRedisBase(Algorithm, AsyncProviderBase):
         ]
         try:
             with self._translated():
-                pipe = self._client.pipeline(transaction=False)
+                pipe = self._single().pipeline(transaction=False)
                 for keys, args in calls:
                     pipe.evalsha(script.sha, len(keys), *keys, *args)
                 replies = await pipe.execute(raise_on_error=False)
@@ -442,7 +528,7 @@ class _AsyncRedisBase(Algorithm, AsyncProviderBase):
         lock = self._keys(lease.key).lock
         with self._translated():
             try:
-                reply = await self._client.execute_command(*self._held_query(lock))  # type: ignore[no-untyped-call]
+                reply = await self._command(lock, *self._held_query(lock))
             except errors.ResponseError as exc:
                 if str(exc).startswith("WRONGTYPE"):  # the other lock type's key
                     return False
@@ -472,13 +558,24 @@ class _AsyncRedisBase(Algorithm, AsyncProviderBase):
         return read_holder(self.name, key, reply)
 
     async def ping(self) -> None:
+        """The server answers; on a Cluster, the slot table is read and every primary in
+        it answers."""
         with self._translated():
-            await self._client.ping()
+            if self._cluster is None:
+                await self._single().ping()
+                return
+            await self._cluster.refresh()
+            for pool in self._cluster.primary_pools():
+                reply, _ = await _command_on(pool, False, ("PING",))
+                if isinstance(reply, Exception):
+                    raise reply
 
     async def _close_io(self) -> None:
         self._runs.closed = True  # a given client's connections keep the hook: it idles
         await self._notifier.close()
-        if self._owned:
+        if self._cluster is not None:  # its pools are ours, even from a given client
+            await self._cluster.disconnect()
+        elif self._owned and self._client is not None:
             await self._client.aclose()
             pool = self._client.connection_pool
             await pool.disconnect()
@@ -504,12 +601,28 @@ def _write(connection: Any, packed: bytes) -> None:
     writer.write(packed)
 
 
+async def _command_on(pool: AsyncPool, asking: bool, command: Sequence[Any]) -> tuple[Any, None]:
+    """`command` on a connection of `pool` (ASKING first if `asking`): its reply, an
+    error reply returned."""
+    connection = await pool.get_connection()
+    try:
+        ask = b"".join(connection.pack_command("ASKING")) if asking else b""
+        packed = ask + b"".join(connection.pack_command(*command))
+        reply, _ = await _replies(connection, packed, b"", [0], asking)
+    except BaseException:
+        await connection.disconnect(nowait=True)  # a reply may still be on its way
+        await pool.release(connection)
+        raise
+    await pool.release(connection)
+    return reply, None
+
+
 def _packed(connection: Any, script: Script, keys: list[str], args: list[Any]) -> bytes:
     encoder = connection.encoder
     return script.pack(keys, args, encoder.encoding, encoder.encoding_errors)
 
 
-def _carried(kwargs: dict[str, Any], names: set[str]) -> dict[str, Any]:
+def _carried(kwargs: Mapping[str, Any], names: set[str]) -> dict[str, Any]:
     """The settings an asyncio connection takes over from a threaded one's."""
     return {k: v for k, v in kwargs.items() if k in names or k.startswith("ssl_")}
 
@@ -544,14 +657,38 @@ def _maker(
     return make
 
 
+def _connection_class(threaded: ClusterTopology) -> type[Any]:
+    tls = any(name.startswith("ssl_") for name in threaded.settings)
+    return aioredis.SSLConnection if tls else aioredis.Connection
+
+
+def _cluster_maker(
+    nodes: Sequence[tuple[str, int]], settings: Mapping[str, Any], timeouts: Timeouts,
+    hook: Callable[[Any], Awaitable[None]],
+) -> Callable[[], ClusterPools]:  # fmt: skip
+    """What makes a Cluster's pools: each a pool of ours to one node, with the settings
+    the threaded face's cluster client would give its connections (or a given asyncio
+    cluster client's)."""
+    carried = _carried(settings, _CARRIED - {"host", "port", "path", "db"})
+    carried |= {"connection_class": settings["connection_class"], "redis_connect_func": hook,
+                "max_connections": timeouts.max_connections, "timeout": timeouts.pool}  # fmt: skip
+
+    def pool(host: str, port: int) -> AsyncPool:
+        return AsyncPool(host=host, port=port, **carried)
+
+    return lambda: ClusterPools(nodes, pool)
+
+
 async def _replies(
-    connection: Any, packed: bytes, wait: bytes, unread: list[int]
+    connection: Any, packed: bytes, wait: bytes, unread: list[int], asking: bool = False
 ) -> tuple[Any, Any]:
-    """`packed` and `wait` (if any) written in one go, and their replies read; an error
-    reply is returned, not raised (the connection stays in step). `unread[0]` counts
-    the replies written for and not read yet."""
+    """`packed` (ASKING first if `asking`) and `wait` (if any) written in one go, and
+    their replies read; an error reply is returned, not raised (the connection stays
+    in step). `unread[0]` counts the replies written for and not read yet."""
     _write(connection, packed + wait)
-    unread[0] += 2 if wait else 1
+    unread[0] += 1 + bool(wait) + asking
+    if asking:
+        await _reply(connection, unread)  # OK
     reply = await _reply(connection, unread)
     acks = await _reply(connection, unread) if wait else None
     return reply, acks

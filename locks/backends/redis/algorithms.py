@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from typing import Any, ClassVar
 
 from redis import exceptions as errors
+from redis.asyncio.sentinel import MasterNotFoundError as AsyncMasterNotFoundError
 from redis.sentinel import MasterNotFoundError
 
 from locks.backends.redis import scripts
@@ -221,7 +222,9 @@ class HashAlgorithm(Algorithm):
 def maybe_sent(error: BaseException) -> bool:
     """Whether the script may have reached a server: not when the connection was refused,
     no sentinel named a primary, or a cluster client found no node for the slot."""
-    if isinstance(error, (MasterNotFoundError, errors.RedisClusterException)):
+    # each face's Sentinel has a MasterNotFoundError of its own (neither derives the other)
+    if isinstance(error, (MasterNotFoundError, AsyncMasterNotFoundError,
+                          errors.RedisClusterException)):  # fmt: skip
         return False
     return not isinstance(error.__context__, ConnectionRefusedError)
 

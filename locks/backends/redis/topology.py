@@ -23,8 +23,9 @@ from __future__ import annotations
 
 import ssl
 import threading
-from collections.abc import Callable, Hashable, Sequence
+from collections.abc import Callable, Hashable, Mapping, Sequence
 from dataclasses import dataclass
+from types import MappingProxyType
 from typing import Any
 from urllib.parse import parse_qs, unquote, urlsplit
 
@@ -122,7 +123,7 @@ class Topology:
 
     def secrets(self) -> list[str]:
         """Passwords that must never appear in a message."""
-        client = self._client if isinstance(self, _Cluster) else self.client()
+        client = self._client if isinstance(self, ClusterTopology) else self.client()
         found: list[str] = []
         if isinstance(client, redis.Redis):
             found.append(client.connection_pool.connection_kwargs.get("password") or "")
@@ -171,8 +172,12 @@ class _BlockingSentinelPool(SentinelConnectionPool, BlockingPool):
     no blocking Sentinel pool)."""
 
 
-class _Cluster(Topology):
+class ClusterTopology(Topology):
     kind = "cluster"
+    # where to start, and what each connection to a node takes (timeouts, credentials,
+    # TLS): the asyncio face makes its own pools from them (empty for a given client)
+    nodes: tuple[tuple[str, int], ...] = ()
+    settings: Mapping[str, Any] = MappingProxyType({})
 
 
 def topology(
@@ -273,7 +278,7 @@ def _no_handshake(connection: object) -> None:
 def _given(client: Client) -> Topology:
     if isinstance(client, RedisCluster):
         nodes = ",".join(sorted(node.name for node in client.get_nodes()))  # type: ignore[no-untyped-call]
-        return _Cluster(f"cluster {nodes}", lambda: client, owned=False)
+        return ClusterTopology(f"cluster {nodes}", lambda: client, owned=False)
     if not isinstance(client, redis.Redis):
         raise TypeError(
             f"client must be a redis.Redis or RedisCluster, not {type(client).__name__}"
@@ -391,8 +396,11 @@ def _cluster_topology(nodes: list[tuple[str, int]], credentials: dict[str, str |
 
     hosts = ",".join(f"{host}:{port}" for host, port in nodes)
     # a cluster client that reaches no startup node keeps only the text of why
-    return _Cluster(f"cluster {hosts}", build, owned=True, passwords=_secrets(None, tls),
-                    probe=_probe(tls, nodes, timeouts) if tls is not None else None)  # fmt: skip
+    probe = _probe(tls, nodes, timeouts) if tls is not None else None
+    made = ClusterTopology(f"cluster {hosts}", build, owned=True, passwords=_secrets(None, tls),
+                           probe=probe)  # fmt: skip
+    made.nodes, made.settings = tuple(nodes), {**kwargs, **credential_kwargs}
+    return made
 
 
 def _scheme_and_tls(url: str, tls: TLSSettings | None) -> tuple[str, TLSSettings | None]:
