@@ -30,8 +30,8 @@ from locks import (
     aio,
 )
 from locks.backends import RedisHashProvider, RedisProvider
-from locks.backends.redis.provider import _RedisProviderBase
 from locks.backends.redis.scripts import acl_rule, sentinel_acl_rule
+from locks.backends.redis.topology import DEFAULT_URL
 from locks.names import redis_hash_tag
 from tests.aio_bridge import Threaded
 from tests.servers import RedisServer
@@ -545,16 +545,18 @@ def _drop_acl_user(clients: list[redis.Redis], name: str) -> None:
             client.execute_command("ACL", "DELUSER", name)  # type: ignore[no-untyped-call]
 
 
-@pytest.mark.parametrize("cls", [RedisProvider, RedisHashProvider])
+@pytest.mark.parametrize("hash_lock", [False, True])
 def test_least_privileged_users_serve_sentinel_and_cluster(
     sentinel_topology: SentinelTopology,
     cluster_topology: ClusterTopology,
     key: str,
-    cls: type[_RedisProviderBase],
+    hash_lock: bool,
+    build: Build,
 ) -> None:
     """`acl_rule()` on the data nodes and `sentinel_acl_rule()` on the sentinels, and
     `acl_rule(cluster=True)` on a cluster's nodes, are all each needs: a grant, a
-    waiter woken by the release. Without its cluster part, a cluster user is refused."""
+    waiter woken by the release, a renewal and a release of a lock whose slot is being
+    migrated (ASKING). Without its cluster part, a cluster user is refused."""
 
     def data_nodes() -> list[redis.Redis]:
         return [node.admin() for node in sentinel_topology.nodes]
@@ -569,11 +571,12 @@ def test_least_privileged_users_serve_sentinel_and_cluster(
     _acl_user(sentinels(), "watcher", sentinel_acl_rule())
     _acl_user(cluster_nodes(), "locker", acl_rule(cluster=True))
     try:
+        cluster_url = cluster_topology.url.replace("//", "//locker:pw@", 1)
         made = [
-            cls(sentinels=sentinel_topology.sentinel_addresses, service=sentinel_topology.service,
-                username="locker", password="pw", sentinel_username="watcher",
-                sentinel_password="pw", name="sentinel"),
-            cls(cluster_topology.url.replace("//", "//locker:pw@", 1), name="cluster"),
+            build(hash_lock, DEFAULT_URL, sentinels=sentinel_topology.sentinel_addresses,
+                  service=sentinel_topology.service, username="locker", password="pw",
+                  sentinel_username="watcher", sentinel_password="pw", name="sentinel"),
+            build(hash_lock, cluster_url, name="cluster"),
         ]  # fmt: skip
         for provider in made:
             lease = provider.acquire(key, ttl=5, wait=0)
@@ -585,12 +588,18 @@ def test_least_privileged_users_serve_sentinel_and_cluster(
                 woken = waiter.result(timeout=10)
             assert woken is not None
             provider.release(woken)
-            provider.close()
+        lease = made[1].acquire(key, ttl=5, wait=0)
+        assert lease is not None
+        migrate_slot(cluster_topology, lock_key(key), finish=False)  # the source says ASK
+        try:
+            made[1].extend(lease, 5)  # followed to the importing node, with ASKING
+            made[1].release(lease)
+        finally:
+            migrate_slot(cluster_topology, lock_key(key), finish=True)
         _acl_user(cluster_nodes(), "locker", acl_rule())
-        bare = cls(cluster_topology.url.replace("//", "//locker:pw@", 1), name="cluster")
+        bare = build(hash_lock, cluster_url, name="cluster")
         with pytest.raises(AccessDenied):
             bare.acquire(key, ttl=5, wait=0)
-        bare.close()
     finally:
         _drop_acl_user(data_nodes(), "locker")
         _drop_acl_user(sentinels(), "watcher")

@@ -376,15 +376,16 @@ def acl_rule(
     commands sent and the ones the scripts run (Redis checks each `redis.call` against
     the caller's ACL). Read from the scripts themselves, so it cannot fall behind them.
     `db`: SELECT for a database other than 0; `sync_replicas`: WAIT (WAITAOF with
-    `aof`); `cluster`: CLUSTER SLOTS and COMMAND, which redis-py's cluster client
-    sends to learn the slots and where each command's keys are. Redis 7 needs the
-    channel pattern: its default is no channel at all."""
+    `aof`); `cluster`: CLUSTER SLOTS and COMMAND, which the cluster clients send to
+    learn the slots and where each command's keys are, and ASKING, which follows a
+    slot being migrated. Redis 7 needs the channel pattern: its default is no channel
+    at all."""
     inside = {name.lower() for script in SCRIPTS
               for name in re.findall(r"redis\.p?call\('([A-Z]+)'", script)}  # fmt: skip
     commands = [*_DIRECT, *sorted(inside)]
     commands += ["select"] if db else []
     commands += (["waitaof"] if aof else ["wait"]) if sync_replicas else []
-    commands += ["cluster|slots", "command"] if cluster else []
+    commands += ["asking", "cluster|slots", "command"] if cluster else []
     allowed = " ".join(f"+{command}" for command in commands)
     return f"on ~{prefix}:* resetchannels &{prefix}:* -@all {allowed}"
 
