@@ -185,6 +185,17 @@ CAMPAIGNS = {
         ("kill", "pause", "worker"),
         outage=(0.5, 2.0),
     ),
+    # a Cluster: the primary of one campaign key's slot killed or paused (then failed
+    # over), under synced grants; the other key's shard serves on
+    "redis-cluster": Spec(
+        "redis-cluster", ("redis-cluster",), ("kill", "pause", "worker"), outage=(0.5, 2.0)
+    ),
+    "aio-redis-cluster": Spec(
+        "aio-redis-cluster",
+        ("aio-redis-cluster",),
+        ("kill", "pause", "worker"),
+        outage=(0.5, 2.0),
+    ),
     "zookeeper": Spec("zookeeper", ("zookeeper",), ("kill", "pause", "expire", "worker")),
     "mariadb": Spec("mariadb", ("mariadb",), ("kill", "pause", "worker", "stop")),
     # PostgreSQL: the same faults; waiters are woken by NOTIFY through a listening
@@ -217,7 +228,7 @@ def build(spec: Spec, worker: str) -> tuple[LockProvider, float]:
             providers.append(RedisHashProvider(address, name="redis", watchdog_ttl=1.0))
         elif kind.startswith("aio-"):  # each worker's calls made by tasks of its own
             providers.append(Threaded(_asyncio_provider(kind, address)))
-        elif kind == "redis-sentinel":
+        elif kind in ("redis-sentinel", "redis-cluster"):
             synced = 0 if spec.variant == "no-sync" else 1
             providers.append(RedisHashProvider(address, name="redis", watchdog_ttl=1.0,
                                                sync_replicas=synced, sync_timeout=0.2))  # fmt: skip
@@ -255,7 +266,7 @@ def _asyncio_provider(kind: str, address: str) -> AsyncProviderBase | aio.Quorum
         return aio.Quorum(members, name="quorum", watchdog_ttl=1.0)
     if kind == "aio-redis-hash":
         return aio.RedisHashProvider(address, name="redis", watchdog_ttl=1.0)
-    if kind == "aio-redis-sentinel":
+    if kind in ("aio-redis-sentinel", "aio-redis-cluster"):
         return aio.RedisHashProvider(address, name="redis", watchdog_ttl=1.0, sync_replicas=1,
                                      sync_timeout=0.2)  # fmt: skip
     if kind == "aio-zookeeper":
@@ -486,6 +497,42 @@ class PrimaryOf:
         self.topology.stop()
 
 
+class ShardPrimaryOf:
+    """A Cluster as the nemesis sees one server: the primary serving the first campaign
+    key's slot is what is killed or paused. Bringing a killed one back waits for its
+    replica's promotion first, as `PrimaryOf` does; a paused one resumes, and is
+    demoted once it hears of the failover its pause may have caused."""
+
+    KEY = f"locks:{{{KEYS[0]}}}"
+
+    def __init__(self, topology: Any) -> None:
+        self.topology = topology
+        self.url = topology.url
+        self._killed: int | None = None  # the port of the primary killed
+
+    def kill(self) -> None:
+        node = self.topology.primary_of(self.KEY)
+        self._killed = node.port
+        node.kill()
+
+    def pause(self) -> None:
+        self.topology.primary_of(self.KEY).pause()
+
+    def start(self) -> None:
+        if self._killed is not None:
+            self.topology.wait_failover(self.KEY, self._killed)
+            self._killed = None
+        for node in self.topology.nodes:
+            if node.paused:
+                node.resume()
+        self.topology.ensure_healthy()
+
+    resume = ensure_running = start
+
+    def stop(self) -> None:
+        self.topology.stop()
+
+
 class Workers:
     """The worker processes of a campaign; a killed one is replaced by a new one."""
 
@@ -649,7 +696,7 @@ def leftovers(spec: Spec, servers: dict[str, Any]) -> Iterator[tuple[str, str]]:
     """Lock state still on the servers once every worker stopped and every lease of a
     dead one has run out: there should be none."""
     redis_kinds = ("redis-hash", "aio-redis-hash", "redis-sentinel", "aio-redis-sentinel",
-                   "redis-quorum", "aio-quorum")  # fmt: skip
+                   "redis-cluster", "aio-redis-cluster", "redis-quorum", "aio-quorum")  # fmt: skip
     for kind in redis_kinds:
         if kind not in servers:
             continue
@@ -693,7 +740,7 @@ def main(argv: list[str] | None = None) -> int:
     from tests.servers import MariaDBServer, RedisServer, ZooKeeperServer  # noqa: PLC0415
     from tests.servers.postgresql import PostgreSQLServer  # noqa: PLC0415
     from tests.servers.redis_masters import RedisMasters  # noqa: PLC0415
-    from tests.servers.redis_topologies import SentinelTopology  # noqa: PLC0415
+    from tests.servers.redis_topologies import ClusterTopology, SentinelTopology  # noqa: PLC0415
 
     # absolute: servers resolve a relative data dir against their own working directory
     out = Path(args.out or tempfile.mkdtemp(prefix="locks-soak-")).resolve()
@@ -715,6 +762,8 @@ def main(argv: list[str] | None = None) -> int:
         "postgresql": lambda path: started_at(path, PostgreSQLServer(path)),
         "redis-sentinel": lambda path: PrimaryOf(started_at(path, SentinelTopology(path))),
         "aio-redis-sentinel": lambda path: PrimaryOf(started_at(path, SentinelTopology(path))),
+        "redis-cluster": lambda path: ShardPrimaryOf(started_at(path, ClusterTopology(path))),
+        "aio-redis-cluster": lambda path: ShardPrimaryOf(started_at(path, ClusterTopology(path))),
         "redis-quorum": lambda path: MembersOf(started_at(path, RedisMasters(path))),
         "aio-quorum": lambda path: MembersOf(started_at(path, RedisMasters(path))),
     }  # fmt: skip

@@ -18,6 +18,7 @@ FIXTURES = {"redis-hash": "redis_server", "aio-redis-hash": "redis_server",
             "mariadb": "mariadb_server", "aio-mariadb": "mariadb_server",
             "postgresql": "postgresql_server",
             "redis-sentinel": "sentinel_topology", "aio-redis-sentinel": "sentinel_topology",
+            "redis-cluster": "cluster_topology", "aio-redis-cluster": "cluster_topology",
             "redis-quorum": "redis_masters", "aio-quorum": "redis_masters"}  # fmt: skip
 
 
@@ -26,6 +27,9 @@ def servers_for(spec: Spec, request: pytest.FixtureRequest) -> dict[str, Any]:
     for sentinel in ("redis-sentinel", "aio-redis-sentinel"):  # the nemesis kills and
         if sentinel in servers:  # pauses its primary
             servers[sentinel] = campaign.PrimaryOf(servers[sentinel])
+    for cluster in ("redis-cluster", "aio-redis-cluster"):  # ... the primary of a key's shard
+        if cluster in servers:
+            servers[cluster] = campaign.ShardPrimaryOf(servers[cluster])
     for quorum in ("redis-quorum", "aio-quorum"):  # ... and one or two of a quorum's members
         if quorum in servers:
             servers[quorum] = campaign.MembersOf(servers[quorum])
@@ -53,7 +57,7 @@ def done(outcome: campaign.Outcome, f: str) -> int:
      ("fast-chain", 505), ("redis-sentinel", 606), ("redis-quorum", 707),
      ("postgresql", 808), ("aio-redis-hash", 909), ("aio-mariadb", 1010),
      ("aio-zookeeper", 1111), ("aio-quorum", 1212),
-     ("aio-redis-sentinel", 1313)],
+     ("aio-redis-sentinel", 1313), ("redis-cluster", 1414), ("aio-redis-cluster", 1515)],
 )  # fmt: skip
 def test_a_short_campaign_finds_nothing(
     name: str, seed: int, request: pytest.FixtureRequest, tmp_path: Path
