@@ -407,6 +407,46 @@ def test_cluster_failover_keeps_a_lease_and_wakes_a_waiter(
     waiter_provider.release(got[0])
 
 
+@pytest.mark.parametrize("hash_lock", [False, True])
+def test_an_asyncio_acquire_cancelled_on_a_cluster_is_undone_on_its_primary(
+    cluster_topology: ClusterTopology, key: str, hash_lock: bool
+) -> None:
+    """The request is on the key's primary (paused), its reply not back, when the task
+    is cancelled: once the primary answers, the grant it made is released (the undo
+    written behind it on its connection, and the release of its token after it: the
+    test fails only without both), never left for its ttl."""
+    primary = cluster_topology.primary_of(lock_key(key))
+    outcome: list[str] = []
+
+    async def main() -> None:
+        cls = aio.RedisHashProvider if hash_lock else aio.RedisProvider
+        provider = cls(cluster_topology.url, socket_timeout=2.0)
+        try:
+            # the slot table read, and the script cached on the primary (a NOSCRIPT
+            # reply to the cancelled call would grant nothing to undo)
+            warm = await provider.acquire(key, ttl=30)
+            assert warm is not None
+            await provider.release(warm)
+            primary.pause()
+            task = asyncio.create_task(provider.acquire(key, ttl=30))
+            await asyncio.sleep(0.2)  # sent, not answered
+            task.cancel()
+            threading.Timer(0.3, primary.resume).start()
+            try:
+                await task
+                outcome.append("granted")
+            except asyncio.CancelledError:
+                outcome.append("cancelled")
+            await asyncio.sleep(0.5)  # the drain reads the grant's reply and the undo's
+        finally:
+            await provider.close()
+
+    asyncio.run(main())
+    assert outcome == ["cancelled"]
+    with primary.admin() as client:
+        assert client.exists(lock_key(key)) == 0, "the cancelled acquire's grant was left"
+
+
 def migrate_slot(
     topology: ClusterTopology, key: str, *, finish: bool
 ) -> tuple[RedisNode, RedisNode]:
