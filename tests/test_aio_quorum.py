@@ -7,6 +7,7 @@ member that does not answer, and the loop's end with a lease held."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 import uuid
 from collections.abc import Callable
@@ -283,9 +284,13 @@ def test_a_paused_member_never_blocks_the_loop(redis_masters: RedisMasters) -> N
         async def worker(index: int, until: float) -> None:
             nonlocal grants
             while time.monotonic() < until:
-                async with quorum.lock(f"{prefix}:{index % 50}", ttl=5, wait=30):
-                    grants += 1
-                    await asyncio.sleep(0)
+                # each round waits for the paused member's pool (10 connections, each
+                # held 0.5 s, for 100 tasks): a grant may come with little validity left
+                # and have run out at its release, which says so (LockNotOwned)
+                with contextlib.suppress(LockNotOwned):
+                    async with quorum.lock(f"{prefix}:{index % 50}", ttl=5, wait=30):
+                        grants += 1
+                        await asyncio.sleep(0)
 
         try:
             redis_masters.servers[2].pause()
