@@ -164,10 +164,7 @@ class _AsyncRedisBase(Algorithm, AsyncProviderBase):
             nodes = [(node.host, int(node.port)) for node in manager.startup_nodes.values()]
             self.address = "cluster " + ",".join(f"{host}:{port}" for host, port in nodes)
             self._runs = RunWatch(self._where(), True, self._run_changed)
-            settings = dict(manager.connection_kwargs)
-            settings["connection_class"] = client.nodes_manager.connection_kwargs.get(
-                "connection_class", aioredis.Connection
-            )
+            settings = {"connection_class": aioredis.Connection, **manager.connection_kwargs}
             self._make_cluster = _cluster_maker(nodes, settings, timeouts, self._hook(None))
             self._cluster = self._make_cluster()
         elif client is not None:
