@@ -226,6 +226,7 @@ def test_sentinel_failover_keeps_a_synced_lease_its_renewals_release_and_fence(
     sentinel_topology.wait_failover(old.port)
     # the old primary comes back as a replica, so synced renewals can succeed again
     sentinel_topology.ensure_healthy()
+    sentinel_topology.hold_still()
     print(f"failover took {time.monotonic() - killed_at:.2f} s")
     refused = acquire_until_served(other, key, ttl=5)
     assert refused is None  # the promoted replica has the lock
@@ -258,6 +259,7 @@ def test_sentinel_failover_wakes_a_waiter_on_the_new_primary(
     old.kill()
     sentinel_topology.wait_failover(old.port)
     sentinel_topology.ensure_healthy()
+    sentinel_topology.hold_still()
     time.sleep(1.0)  # the waiter has resubscribed on the new primary by now
     released_at = time.monotonic()
     holder.release(lease)

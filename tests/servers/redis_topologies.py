@@ -194,7 +194,9 @@ class SentinelTopology:
             try:
                 with sentinel.client() as client:
                     named = client.sentinel_get_master_addr_by_name(self.service)
-                parts.append(f"{sentinel.name} names {named}")
+                    # one more each failover: tells a second, unasked-for one
+                    epoch = client.sentinel_master(self.service).get("config-epoch")
+                parts.append(f"{sentinel.name} names {named} (epoch {epoch})")
             except (redis.RedisError, OSError) as error:
                 parts.append(f"{sentinel.name} unreachable ({error})")
         return "; ".join(parts)
@@ -243,11 +245,23 @@ class SentinelTopology:
         _wait_for(moved, "a Sentinel failover", timeout)
         return self.primary_port()
 
+    def hold_still(self) -> None:
+        """No failover but the one a test makes: a primary stalled past DOWN_AFTER_MS
+        by a loaded machine would be replaced, and until Sentinel demotes it both nodes
+        accept writes (Sentinel's own split brain, not what a test asks about)."""
+        self._down_after(60_000)
+
+    def _down_after(self, milliseconds: int) -> None:
+        for sentinel in self.sentinels:
+            with sentinel.client() as client:
+                client.sentinel_set(self.service, "down-after-milliseconds", milliseconds)
+
     def ensure_healthy(self) -> None:
         """After a test: every process up, a killed primary back as a replica of the
         one the sentinels promoted (never the other way round: it restarts empty)."""
         for sentinel in self.sentinels:
             sentinel.ensure_running()
+        self._down_after(DOWN_AFTER_MS)
         for node in self.nodes:
             if node.paused:
                 node.resume()
