@@ -5,9 +5,10 @@ Each provider listens on a channel of its own, on a single `PubSub` read by one 
 that will wait puts the channel into the lock's `waiters` set; a release wakes the two
 processes with the lowest scores there (`locks.backends.redis.scripts`) by publishing
 the lock's key on their channels, so a release reaches a bounded few processes, never
-every one that waits. The subscriber thread then runs the next attempt of the
-longest-sleeping waiter on that key itself; a waiter that leaves with a wake-up it did
-not use passes it on to its process's next waiter. A release by a process with waiters
+every one that waits. The subscriber thread then sends the next attempt of the
+longest-sleeping waiter on that key itself and wakes it to read the reply (the thread
+switch overlaps the round trip); a waiter that leaves with a wake-up it did not use
+passes it on to its process's next waiter. A release by a process with waiters
 of its own on the lock wakes that process first, through its own channel (the
 subscriber's claimed attempt is the fastest hand-off); an operator's break here wakes
 them directly (`wake_local`).
@@ -74,32 +75,54 @@ class _Failure:
         self.error = error
 
 
+class Later(Generic[T]):
+    """An attempt sent, its reply still to read: what an attempt made for a waiter may
+    return, so that the waiter's thread is woken while the request travels and reads
+    the reply itself (the thread switch overlaps the round trip instead of following
+    it). `read` must be called exactly once: it also gives the connection back."""
+
+    __slots__ = ("read",)
+
+    def __init__(self, read: Callable[[], T]) -> None:
+        self.read = read
+
+
+def _discard(result: object) -> None:
+    """A reply nobody will use read all the same, so its connection goes back to the
+    pool (a grant it made runs out with its ttl, as any reply lost)."""
+    if isinstance(result, Later):
+        with contextlib.suppress(Exception):
+            result.read()
+
+
 class Waiter(Generic[T]):
     """A thread waiting for one lock.
 
-    While it sleeps, the subscriber thread may claim it and run its next `attempt`
+    While it sleeps, the subscriber thread may claim it and send its next `attempt`
     itself the moment a release arrives: the attempt then reaches Redis before the
-    sleeping thread could even be scheduled, which is most of a hand-off's latency.
-    Its state changes under the notifier's lock: BUSY (its own thread is running),
-    SLEEPING, WOKEN (its own thread is told to try, so nobody may claim it: an attempt
-    claimed now could win a grant after the thread had moved on, and the grant would be
-    lost), CLAIMED (an attempt is under way on its behalf; the result follows).
+    sleeping thread could even be scheduled, which is most of a hand-off's latency; the
+    waiter is woken at once and reads the reply (`Later`), or, where the attempt cannot
+    be split, is handed its outcome. Its state changes under the notifier's lock: BUSY
+    (its own thread is running), SLEEPING, WOKEN (its own thread is told to try, so
+    nobody may claim it: an attempt claimed now could win a grant after the thread had
+    moved on, and the grant would be lost), CLAIMED (an attempt is under way on its
+    behalf; the result follows).
     """
 
     __slots__ = ("_attempt", "_lock", "_pending", "_result", "_state", "_woken")
 
-    def __init__(self, attempt: Callable[[], T], lock: threading.Lock) -> None:
+    def __init__(self, attempt: Callable[[], T | Later[T]], lock: threading.Lock) -> None:
         self._attempt = attempt
         self._lock = lock
         self._woken = threading.Event()
         self._state = _BUSY
         self._pending = False  # woken while busy: try again at once instead of sleeping
-        self._result: T | _NoResult | _Failure = NO_RESULT
+        self._result: T | Later[T] | _NoResult | _Failure = NO_RESULT
 
     def wait(self, timeout: float | None) -> T | _NoResult:
         """Sleep until woken or `timeout`. Returns the outcome of an attempt made on
-        this waiter's behalf (raising what it raised), or NO_RESULT when it should try
-        again itself."""
+        this waiter's behalf (raising what it raised; a reply left to read is read
+        here), or NO_RESULT when it should try again itself."""
         with self._lock:
             if self._pending:
                 self._pending = False
@@ -116,6 +139,8 @@ class Waiter(Generic[T]):
             result, self._result = self._result, NO_RESULT
         if isinstance(result, _Failure):
             raise result.error
+        if isinstance(result, Later):
+            return result.read()
         return result
 
     def _fail(self, error: Exception) -> None:
@@ -135,6 +160,21 @@ class Waiter(Generic[T]):
             self._woken.set()
         elif self._state != _WOKEN:
             self._pending = True
+
+
+def _next_message(pubsub: PubSub, timeout: float) -> list[Any] | None:
+    """The next reply on the subscriber's connection ([kind, channel, data]), or None
+    after `timeout`. Read straight off the connection: `PubSub.get_message` spends
+    ~80 µs of Python per message (retries, metrics, handlers) on every hand-off's
+    critical path, and would reconnect by itself, unseen by the waiters that must then
+    mark the set again. Connection errors reach the caller."""
+    connection = pubsub.connection
+    if connection is None:
+        raise ConnectionError("the subscriber's connection is closed")
+    if not connection.can_read(timeout):
+        return None
+    reply: list[Any] = connection.read_response(disconnect_on_error=False, push_request=True)
+    return reply
 
 
 class ReleaseNotifier:
@@ -174,11 +214,12 @@ class ReleaseNotifier:
 
     @contextmanager
     def waiting(
-        self, lock: str, deadline: float | None, attempt: Callable[[], T]
+        self, lock: str, deadline: float | None, attempt: Callable[[], T | Later[T]]
     ) -> Iterator[Waiter[T]]:
-        """Count a waiter on the lock key `lock` whose next try is `attempt`. On entry
-        the subscription is confirmed (or the confirmation took too long), so a try
-        from then on that marks the set hears of the release."""
+        """Count a waiter on the lock key `lock` whose next try is `attempt` (which may
+        send now and leave the reply for later). On entry the subscription is confirmed
+        (or the confirmation took too long), so a try from then on that marks the set
+        hears of the release."""
         waiter = Waiter(attempt, self._lock)
         try:
             with self._lock:
@@ -220,14 +261,15 @@ class ReleaseNotifier:
 
     def _leave(self, lock: str, waiter: Waiter[Any]) -> None:
         with self._lock:
+            unread, waiter._result = waiter._result, NO_RESULT
             queue = self._waiters.get(lock)
-            if queue is None or waiter not in queue:
-                return
-            queue.remove(waiter)
-            if waiter._pending and queue:  # a wake-up it did not use goes to the next
-                queue[0]._wake()
-            if not queue:
-                del self._waiters[lock]
+            if queue is not None and waiter in queue:
+                queue.remove(waiter)
+                if waiter._pending and queue:  # a wake-up it did not use goes to the next
+                    queue[0]._wake()
+                if not queue:
+                    del self._waiters[lock]
+        _discard(unread)  # its thread was interrupted before it read a reply
 
     def waits_on(self, lock: str) -> bool:
         """Whether a waiter of this process waits on `lock` (a hint, without the lock)."""
@@ -250,7 +292,7 @@ class ReleaseNotifier:
                 if self._closed or pubsub is not self._pubsub:
                     return
             try:
-                message = pubsub.get_message(timeout=_CLAIM_FOR if self._unclaimed else _READ_EVERY)
+                message = _next_message(pubsub, _CLAIM_FOR if self._unclaimed else _READ_EVERY)
             except Exception as exc:  # redis-py raises odd things when closed under a read
                 with self._lock:
                     if self._closed or pubsub is not self._pubsub:
@@ -270,16 +312,16 @@ class ReleaseNotifier:
             if self._unclaimed:
                 self._pass_unclaimed()
 
-    def _dispatch(self, message: dict[str, Any]) -> None:
-        kind = message["type"]
-        if kind == "message":
-            data = message["data"]
+    def _dispatch(self, message: list[Any]) -> None:
+        kind = message[0]
+        if kind in (b"message", "message"):
+            data = message[2]
             self._released(data.decode() if isinstance(data, bytes) else str(data))
-        elif kind == "subscribe":
+        elif kind in (b"subscribe", "subscribe"):
             self._subscribed.set()
 
     def _released(self, lock: str) -> None:
-        """Run the next attempt of the longest-sleeping waiter on `lock`."""
+        """Send (or run) the next attempt of the longest-sleeping waiter on `lock`."""
         with self._lock:
             queue = self._waiters.get(lock)
             if not queue:
@@ -296,8 +338,13 @@ class ReleaseNotifier:
         except Exception as exc:  # the waiter raises it: it may say the lock was taken
             result = _Failure(exc)
         with self._lock:
-            target._result = result
-            target._woken.set()
+            queue = self._waiters.get(lock)
+            kept = queue is not None and target in queue
+            if kept:
+                target._result = result
+                target._woken.set()
+        if not kept:  # it left meanwhile (interrupted): nobody reads this reply
+            _discard(result)
 
     def _pass_unclaimed(self) -> None:
         """Pass on the wake-ups nobody took within `_CLAIM_FOR`; forget them, passed on,

@@ -35,7 +35,7 @@ from locks.backends.redis.algorithms import (
     text,
     try_outcome,
 )
-from locks.backends.redis.notify import NO_RESULT, ReleaseNotifier
+from locks.backends.redis.notify import NO_RESULT, Later, ReleaseNotifier
 from locks.backends.redis.runs import RunWatch, lost_in_new_run
 from locks.backends.redis.scripts import Script
 from locks.backends.redis.topology import (
@@ -188,7 +188,11 @@ class _RedisProviderBase(Algorithm, ProviderBase):
         def attempt() -> Grant | int | None:
             return self._try(keys, owner, token, ttl_ms, deadline, mark=True)
 
-        with notifier.waiting(keys.lock, deadline, attempt) as waiter:
+        def claimed() -> Grant | int | Later[Grant | int | None] | None:
+            """The attempt the subscriber makes for this waiter: sent, read here."""
+            return self._try_later(keys, owner, token, ttl_ms, deadline)
+
+        with notifier.waiting(keys.lock, deadline, claimed) as waiter:
             if not marked:
                 outcome = attempt()
             while isinstance(outcome, int):
@@ -212,16 +216,50 @@ class _RedisProviderBase(Algorithm, ProviderBase):
     ) -> Grant | int | None:
         """A Grant, None (give up), or the ms to wait before the next try. `mark`: a
         failed try counts this provider's channel among the lock's waiters."""
-        sent_at = time.monotonic()
-        wait_ms = -1 if deadline is None else max(0, math.ceil((deadline - sent_at) * 1000))
-        channel = self._notifier.channel if mark else ""
-        args = self._acquire_args(owner, token, ttl_ms, wait_ms, channel)
+        sent_at, args = self._try_args(owner, token, ttl_ms, deadline, mark=mark)
         try:
             reply, acks = self._call(
                 self.acquire_script, [keys.lock, keys.fence], args, keys.name, token
             )
         except (*self.driver_errors, *self.unavailable_errors) as exc:
             raise self._error(exc, ambiguous=maybe_sent(exc), key=keys.name, token=token) from exc
+        return self._tried(keys, owner, token, deadline=deadline, sent_at=sent_at, reply=reply,
+                           acks=acks)  # fmt: skip
+
+    def _try_later(
+        self, keys: Keys, owner: str, token: str, ttl_ms: int, deadline: float | None
+    ) -> Grant | int | Later[Grant | int | None] | None:
+        """A marking `_try` sent now, its reply read by whoever reads the `Later`
+        returned (a woken waiter, while the subscriber goes back to listening); the
+        whole `_try` where a call cannot be split. Errors come ours from `_dispatch`."""
+        if not self.splits():
+            return self._try(keys, owner, token, ttl_ms, deadline, mark=True)
+        sent_at, args = self._try_args(owner, token, ttl_ms, deadline, mark=True)
+        read = self._dispatch(self.acquire_script, [keys.lock, keys.fence], args, keys.name, token)
+        return Later(lambda: self._tried(keys, owner, token, deadline=deadline, sent_at=sent_at,
+                                         reply=read(), acks=None))  # fmt: skip
+
+    def _try_args(
+        self, owner: str, token: str, ttl_ms: int, deadline: float | None, *, mark: bool
+    ) -> tuple[float, list[Any]]:
+        """When a try is sent, and its script's ARGV."""
+        sent_at = time.monotonic()
+        wait_ms = -1 if deadline is None else max(0, math.ceil((deadline - sent_at) * 1000))
+        channel = self._notifier.channel if mark else ""
+        return sent_at, self._acquire_args(owner, token, ttl_ms, wait_ms, channel)
+
+    def _tried(
+        self,
+        keys: Keys,
+        owner: str,
+        token: str,
+        *,
+        deadline: float | None,
+        sent_at: float,
+        reply: Any,
+        acks: Any,
+    ) -> Grant | int | None:
+        """What an acquire script's reply means for the try (`_try`'s outcome)."""
         self._answering = True
         fence, pttl, own = try_outcome(reply)
         if fence:
