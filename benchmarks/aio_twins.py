@@ -136,6 +136,9 @@ PAIRS = (
     Pair("sqlite", "SQLite file", "database"),
     Pair("zookeeper", "ZooKeeper", "zookeeper"),
 )
+# every ratio a full run writes, as every benchmark declares them (`benchmarks.check`)
+RATIOS = tuple(r for pair in PAIRS for r in pair.ratios())
+CROWD_RATIOS = tuple(r for pair in PAIRS for r in pair.crowd_ratios())
 
 
 # -- the two faces of a pair ---------------------------------------------------------

@@ -3,8 +3,9 @@
     python -m benchmarks.check [--quick] [--no-run] [BENCHMARK ...]
 
 Runs each benchmark (default: the quick ones, `QUICK`) as `python -m benchmarks.<name>
---no-write` (and --quick with --quick), so docs/ stays as it is, then reads the ratios it
-wrote to benchmarks/results/<name>.json and compares them with benchmarks/floors.toml:
+--no-write` (and --quick with --quick; the asyncio ones, `aio` and `aio_twins`, with
+--json to their results file), so docs/ stays as it is, then reads the ratios it wrote
+to benchmarks/results/<name>.json and compares them with benchmarks/floors.toml:
 `floor` is the goal a ratio must meet, `documented` the figure docs/benchmarks.md shows
 now. Ratios are compared at the two decimals the docs print. --no-run compares the
 results already there (those of `make bench`, say).
@@ -32,7 +33,9 @@ ROOT = Path(__file__).resolve().parent.parent
 FLOORS = Path(__file__).resolve().parent / "floors.toml"
 QUICK = ("redis", "zookeeper", "database", "postgresql")  # a few minutes together
 # every benchmark that writes ratios (a module with `RATIOS`)
-BENCHMARKS = (*QUICK, "chain", "quorum", "topologies")
+BENCHMARKS = (*QUICK, "chain", "quorum", "topologies", "aio", "aio_twins")
+# those that keep a record of their own: under --no-write they write it only to --json
+OWN_RECORD = ("aio", "aio_twins")
 
 OK, BELOW_DOCUMENTED, BELOW_FLOOR, MISSING = "ok", "below documented", "below floor", "missing"
 
@@ -130,6 +133,7 @@ def run(name: str, quick: bool) -> None:
     """One benchmark, its old results removed first so that a failed run leaves none."""
     (RESULTS / f"{name}.json").unlink(missing_ok=True)
     command = [sys.executable, "-m", f"benchmarks.{name}", "--no-write"]
+    command += ["--json", str(RESULTS / f"{name}.json")] if name in OWN_RECORD else []
     command += ["--quick"] if quick else []
     print(f"$ {' '.join(command[1:])}", flush=True)
     done = subprocess.run(command, cwd=ROOT, check=False)

@@ -135,24 +135,8 @@ def tooz_mysql(url: str) -> Contender:
 
 
 def _per_thread(server: MariaDBServer) -> tuple[Callable[[], Any], Callable[[], None]]:
-    """A bare PyMySQL connection per thread (one serves one thread at a time), and a way
-    to close them all."""
-    local = threading.local()
-    opened: list[Any] = []
-
-    def connection() -> Any:
-        conn = getattr(local, "conn", None)
-        if conn is None:
-            conn = pymysql.connect(**server.pymysql_args(), autocommit=True)
-            local.conn = conn
-            opened.append(conn)
-        return conn
-
-    def close() -> None:
-        for conn in opened:
-            conn.close()
-
-    return connection, close
+    """A bare PyMySQL connection per thread, in autocommit, and a way to close them all."""
+    return harness.per_thread(lambda: pymysql.connect(**server.pymysql_args(), autocommit=True))
 
 
 def raw_insert_delete(server: MariaDBServer) -> Contender:

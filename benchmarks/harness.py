@@ -16,11 +16,12 @@ import platform
 import statistics
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Callable, Collection, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol, TypeVar
 
 from locks import measure as core
 from locks.measure import Acquire, Release
@@ -92,9 +93,49 @@ def cycle_rate(contender: Contender, key: str, cycles: int) -> float:
     return core.cycle_rate(contender.acquire, contender.release, key, cycles)
 
 
-def handoff_ms(contender: Contender, samples: int) -> float:
-    """Median time from the holder's release call to the waiter's acquire returning."""
-    return core.handoff_ms(contender.acquire, contender.release, samples, label=contender.name)
+class Closable(Protocol):
+    def close(self) -> None: ...
+
+
+C = TypeVar("C", bound=Closable)
+
+
+def per_thread(connect: Callable[[], C]) -> tuple[Callable[[], C], Callable[[], None]]:
+    """A bare driver's connection per thread, made by `connect` on that thread's first
+    call (one serves one thread at a time), and a way to close them all: what the
+    floors' contenders run their statements on."""
+    local = threading.local()
+    opened: list[C] = []
+
+    def connection() -> C:
+        conn: C | None = getattr(local, "conn", None)
+        if conn is None:
+            conn = local.conn = connect()
+            opened.append(conn)
+        return conn
+
+    def close() -> None:
+        for conn in opened:
+            conn.close()
+
+    return connection, close
+
+
+def handoffs(contenders: list[Contender], samples: int, rounds: int) -> dict[str, float]:
+    """Each contender's median hand-off (from the holder's release call to the waiter's
+    acquire returning), its `samples` taken over `rounds` rounds that each run every
+    contender, as the cycles are: a machine that slows down mid-run (a neighbour, a CPU
+    that idles deeper) slows everyone alike."""
+    found: dict[str, list[float]] = {c.name: [] for c in contenders}
+    for index in range(rounds):
+        share = samples * (index + 1) // rounds - samples * index // rounds
+        if not share:
+            continue
+        for contender in contenders:
+            found[contender.name] += core.handoff_latencies(
+                contender.acquire, contender.release, share, label=contender.name
+            )
+    return {name: statistics.median(times) for name, times in found.items() if times}
 
 
 def measure(
@@ -105,8 +146,9 @@ def measure(
     no_handoff: Collection[str] = (),
 ) -> list[Result]:
     """Medians per contender. Rounds are interleaved (each round runs every contender
-    once), so a machine that slows down mid-run slows everyone alike. Contenders named in
-    `no_handoff` only spin to wait: timing their hand-off would only burn a core."""
+    once), so a machine that slows down mid-run slows everyone alike; so are the
+    hand-offs, in rounds of their own after the cycles. Contenders named in `no_handoff`
+    only spin to wait: timing their hand-off would only burn a core."""
     keys = {c.name: core.bench_key() for c in contenders}
     rates: dict[str, list[float]] = {c.name: [] for c in contenders}
     try:
@@ -115,10 +157,11 @@ def measure(
         for _ in range(rounds):
             for contender in contenders:
                 rates[contender.name].append(cycle_rate(contender, keys[contender.name], cycles))
+        timed = [c for c in contenders if c.name not in no_handoff]
+        medians = handoffs(timed, samples, rounds) if samples else {}
         results = []
         for contender in contenders:
-            timed = samples and contender.name not in no_handoff
-            handoff = handoff_ms(contender, samples) if timed else None
+            handoff = medians.get(contender.name)
             rate = statistics.median(rates[contender.name])
             results.append(Result(contender.name, rate, handoff, contender.ours))
             print(f"  {contender.name}: {rate:,.0f} cycles/s, hand-off {handoff} ms", flush=True)

@@ -6,12 +6,14 @@ from __future__ import annotations
 import argparse
 import importlib
 import json
+import subprocess
 from pathlib import Path
 
 import pytest
 
 from benchmarks import check, harness
 from benchmarks.harness import Ratio, Result
+from locks import measure
 
 FLOORS = """
 ["redis/redis-vs-redis-py-lock"]
@@ -183,14 +185,56 @@ def test_quick_takes_the_smaller_defaults_and_writes_no_docs() -> None:
 
 
 def test_every_floor_names_a_ratio_some_benchmark_writes() -> None:
-    """Checked statically: each benchmark module declares its `RATIOS`, ids prefixed by
-    its own name (the check picks a benchmark's rows by it)."""
+    """Checked statically: each benchmark module declares its `RATIOS` (and the asyncio
+    ones their `CROWD_RATIOS`), ids prefixed by its own name (the check picks a
+    benchmark's rows by it)."""
     written: set[str] = set()
     for name in check.BENCHMARKS:
-        ratios = importlib.import_module(f"benchmarks.{name}").RATIOS
+        module = importlib.import_module(f"benchmarks.{name}")
+        ratios = [*module.RATIOS, *getattr(module, "CROWD_RATIOS", ())]
         assert ratios and all(r.id.startswith(f"{name}/") for r in ratios), name
         written |= {r.id for r in ratios}
     floors = check.load_floors(check.FLOORS)
     assert set(floors) <= written, set(floors) - written
     floored = {i.split("/")[0] for i, bounds in floors.items() if bounds.floor is not None}
     assert set(check.QUICK) <= floored  # issue 20's goals: each quick one has some
+
+
+def test_each_benchmark_is_run_so_that_its_ratios_land_where_the_check_reads(
+    place: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Under --no-write the harness's benchmarks write their ratios all the same; the
+    asyncio ones keep a record of their own, written only where --json says."""
+    commands: list[list[str]] = []
+
+    def ran(command: list[str], **_: object) -> argparse.Namespace:
+        commands.append(command)
+        return argparse.Namespace(returncode=0)
+
+    monkeypatch.setattr(subprocess, "run", ran)
+    for name in ("redis", "aio", "aio_twins"):
+        check.run(name, quick=True)
+    redis, aio, twins = (command[1:] for command in commands)
+    assert redis == ["-m", "benchmarks.redis", "--no-write", "--quick"]
+    for name, command in (("aio", aio), ("aio_twins", twins)):
+        assert command[:3] == ["-m", f"benchmarks.{name}", "--no-write"]
+        assert command[command.index("--json") + 1] == str(place / f"{name}.json")
+
+
+def test_hand_offs_are_sampled_in_rounds_that_run_every_contender(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """As the cycles are: all of one contender's samples taken before the next one's
+    would let a machine's drift decide a hand-off ratio."""
+    taken: list[tuple[str, int]] = []
+
+    def latencies(_acquire: object, _release: object, n: int, *, label: str) -> list[float]:
+        taken.append((label, n))
+        return [float(len(taken))] * n
+
+    monkeypatch.setattr(measure, "handoff_latencies", latencies)
+    contenders = [harness.Contender(name, str, lambda _: None) for name in ("a", "b")]
+    medians = harness.handoffs(contenders, samples=5, rounds=3)
+    assert taken == [("a", 1), ("b", 1), ("a", 2), ("b", 2), ("a", 2), ("b", 2)]
+    assert set(medians) == {"a", "b"}
+    assert harness.handoffs(contenders, samples=2, rounds=3)  # a round may take none
