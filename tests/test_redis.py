@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import multiprocessing
+import signal
 import socket
 import subprocess
 import sys
@@ -676,6 +677,48 @@ def test_a_split_try_whose_answer_never_comes_is_ambiguous_and_undoable(
         assert lease is not None
     finally:
         provider.close()
+
+
+class _Interrupted(BaseException):
+    """What a signal handler, a gevent `Timeout` or a Celery soft time limit raises."""
+
+
+@pytest.mark.parametrize("kind", PROVIDERS, ids=["redis", "redis-hash"])
+def test_an_interrupted_read_never_leaves_its_reply_to_the_next_call(
+    kind: type[_RedisProviderBase], redis_server: RedisServer, key: str
+) -> None:
+    """A try's reply read late (a quorum reads its members one after another) is waited
+    for on the socket first. An interrupt there gave the connection back to the pool
+    with the reply still to come, and the next call on it read that reply as its own: a
+    grant of one key taken for a try at another, which someone else holds (two owners).
+    The interrupted connection is closed instead."""
+    provider, other = kind(redis_server.url, socket_timeout=1.0), kind(redis_server.url)
+
+    def interrupt(signum: int, frame: object) -> None:
+        raise _Interrupted
+
+    previous = signal.signal(signal.SIGALRM, interrupt)
+    try:
+        held = in_thread(lambda: other.acquire(f"{key}:held", ttl=30))  # another owner
+        assert held is not None
+        provider.ping()  # one connection in the pool: every call below takes it
+        redis_server.pause()
+        read = provider.start_acquire(key, ttl=30)
+        assert read is not None
+        time.sleep(0.2)  # late: the read waits on the socket before reading
+        signal.setitimer(signal.ITIMER_REAL, 0.2)
+        with pytest.raises(_Interrupted):
+            read()
+        redis_server.resume()  # the try runs now, its grant's reply on its way
+        taken = provider.acquire(f"{key}:held", ttl=30, wait=0)
+        assert taken is None, f"granted {taken} while {held} holds the key"
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
+        if redis_server.paused:
+            redis_server.resume()
+        provider.close()
+        other.close()
 
 
 def test_backends_that_cannot_split_a_try_say_so_after_checking_the_arguments() -> None:

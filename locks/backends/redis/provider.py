@@ -348,6 +348,9 @@ class _RedisProviderBase(Algorithm, ProviderBase):
             pool.release(connection)
             maybe = token is not None and maybe_sent(exc)
             raise self._error(exc, ambiguous=maybe, key=key, token=token) from exc
+        except BaseException:  # interrupted: redis-py closed it if anything was sent
+            pool.release(connection)
+            raise
 
         # the reply is due a socket timeout after the send, not after the read begins: a
         # quorum reads its members one after another, and k frozen members must cost
@@ -373,6 +376,12 @@ class _RedisProviderBase(Algorithm, ProviderBase):
                 connection.disconnect()  # type: ignore[no-untyped-call]
                 maybe = token is not None
                 raise self._error(exc, ambiguous=maybe, key=key, token=token) from exc
+            except BaseException:
+                # interrupted before the reply was read (a signal's handler, a gevent
+                # Timeout): given back open, the next call on it would read this reply
+                # as its own
+                connection.disconnect()  # type: ignore[no-untyped-call]
+                raise
             finally:
                 pool.release(connection)
 
