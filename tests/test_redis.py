@@ -691,7 +691,8 @@ def test_an_interrupted_read_never_leaves_its_reply_to_the_next_call(
     for on the socket first. An interrupt there gave the connection back to the pool
     with the reply still to come, and the next call on it read that reply as its own: a
     grant of one key taken for a try at another, which someone else holds (two owners).
-    The interrupted connection is closed instead."""
+    The interrupted connection is closed instead, with the try's release written behind
+    it, so that what the try took is not held for nobody until its ttl."""
     provider, other = kind(redis_server.url, socket_timeout=1.0), kind(redis_server.url)
 
     def interrupt(signum: int, frame: object) -> None:
@@ -709,9 +710,14 @@ def test_an_interrupted_read_never_leaves_its_reply_to_the_next_call(
         signal.setitimer(signal.ITIMER_REAL, 0.2)
         with pytest.raises(_Interrupted):
             read()
-        redis_server.resume()  # the try runs now, its grant's reply on its way
+        redis_server.resume()  # the try runs now, and the release written behind it
         taken = provider.acquire(f"{key}:held", ttl=30, wait=0)
         assert taken is None, f"granted {taken} while {held} holds the key"
+        # what the interrupted try took is freed at once, not left to its 30 s ttl
+        until = time.monotonic() + 2.0
+        while provider.holder(key) is not None and time.monotonic() < until:
+            time.sleep(0.01)
+        assert provider.holder(key) is None, "the interrupted try's grant was left to its ttl"
     finally:
         signal.setitimer(signal.ITIMER_REAL, 0)
         signal.signal(signal.SIGALRM, previous)

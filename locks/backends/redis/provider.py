@@ -219,8 +219,9 @@ class _RedisProviderBase(Algorithm, ProviderBase):
         sent_at, args = self._try_args(owner, token, ttl_ms, deadline, mark=mark)
         try:
             reply, acks = self._call(
-                self.acquire_script, [keys.lock, keys.fence], args, keys.name, token
-            )
+                self.acquire_script, [keys.lock, keys.fence], args, keys.name, token=token,
+                owner=owner,
+            )  # fmt: skip
         except (*self.driver_errors, *self.unavailable_errors) as exc:
             raise self._error(exc, ambiguous=maybe_sent(exc), key=keys.name, token=token) from exc
         return self._tried(keys, owner, token, deadline=deadline, sent_at=sent_at, reply=reply,
@@ -235,7 +236,8 @@ class _RedisProviderBase(Algorithm, ProviderBase):
         if not self.splits():
             return self._try(keys, owner, token, ttl_ms, deadline, mark=True)
         sent_at, args = self._try_args(owner, token, ttl_ms, deadline, mark=True)
-        read = self._dispatch(self.acquire_script, [keys.lock, keys.fence], args, keys.name, token)
+        read = self._dispatch(self.acquire_script, [keys.lock, keys.fence], args, keys.name,
+                              token=token, owner=owner)  # fmt: skip
         return Later(lambda: self._tried(keys, owner, token, deadline=deadline, sent_at=sent_at,
                                          reply=read(), acks=None))  # fmt: skip
 
@@ -281,7 +283,8 @@ class _RedisProviderBase(Algorithm, ProviderBase):
         keys = self._keys(key)
         sent_at = time.monotonic()
         args = self._acquire_args(owner, token, ms(ttl), 0, "")
-        read = self._send(self.acquire_script, [keys.lock, keys.fence], args, key, token)
+        read = self._send(self.acquire_script, [keys.lock, keys.fence], args, key, token=token,
+                          owner=owner)  # fmt: skip
         if read is None:
             return None
 
@@ -316,17 +319,32 @@ class _RedisProviderBase(Algorithm, ProviderBase):
         return self._sync is None and self.topology.kind != "cluster" and self._answering
 
     def _send(
-        self, script: Script, keys: list[str], args: list[Any], key: str, token: str | None = None
+        self,
+        script: Script,
+        keys: list[str],
+        args: list[Any],
+        key: str,
+        *,
+        token: str | None = None,
+        owner: str | None = None,
     ) -> Callable[[], Any] | None:
         """`script` sent on a connection of its own, and what reads its reply; None where
-        a call cannot be split here (a cluster, or `sync_replicas`). `token`: the call
-        is an acquire under it, whose outcome a failure leaves unknown."""
+        a call cannot be split here (a cluster, or `sync_replicas`). `token` and `owner`:
+        the call is an acquire of the lock KEYS[1] by them, whose outcome a failure
+        leaves unknown, and which an interrupted read undoes (`_undo_behind`)."""
         if not self.splits():
             return None
-        return self._dispatch(script, keys, args, key, token)
+        return self._dispatch(script, keys, args, key, token=token, owner=owner)
 
     def _dispatch(
-        self, script: Script, keys: list[str], args: list[Any], key: str, token: str | None
+        self,
+        script: Script,
+        keys: list[str],
+        args: list[Any],
+        key: str,
+        *,
+        token: str | None = None,
+        owner: str | None = None,
     ) -> Callable[[], Any]:
         """`_send` on one server or behind Sentinel, at any time: straight onto a pooled
         connection, packed by us (redis-py's `execute_command` costs several times more
@@ -365,11 +383,11 @@ class _RedisProviderBase(Algorithm, ProviderBase):
                     left = due - time.monotonic()
                     if left < late and not connection.can_read(max(left, 0.0)):
                         raise errors.TimeoutError("Timeout reading from socket")
-                    return connection.read_response()
+                    return connection.read_response(disconnect_on_error=False)
                 except errors.NoScriptError:
                     call = [len(keys), *keys, *args]
                     connection.send_command("EVAL", script.source, *call)  # type: ignore[no-untyped-call]
-                    return connection.read_response()
+                    return connection.read_response(disconnect_on_error=False)
             except (*self.driver_errors, *self.unavailable_errors) as exc:
                 self._answering = False
                 # a reply may still be on its way: never reuse the connection
@@ -380,7 +398,7 @@ class _RedisProviderBase(Algorithm, ProviderBase):
                 # interrupted before the reply was read (a signal's handler, a gevent
                 # Timeout): given back open, the next call on it would read this reply
                 # as its own
-                connection.disconnect()  # type: ignore[no-untyped-call]
+                self._undo_behind(connection, keys[0], token, owner)
                 raise
             finally:
                 pool.release(connection)
@@ -393,17 +411,39 @@ class _RedisProviderBase(Algorithm, ProviderBase):
         keys: list[str],
         args: list[Any],
         key: str,
+        *,
         token: str | None = None,
+        owner: str | None = None,
     ) -> tuple[Any, Any]:
         """Run `script` for the lock `key`: (its reply, None), or with `sync_replicas`
-        (its reply, what WAIT answered on the same connection). `token`: an acquire's,
-        which an error leaves in doubt. Errors may come raw from the driver or already
-        ours."""  # fmt: skip
+        (its reply, what WAIT answered on the same connection). `token`, `owner`: an
+        acquire's, which an error leaves in doubt (`_send`). Errors may come raw from
+        the driver or already ours."""  # fmt: skip
         if self._sync is not None:
             return self._sync.run(self.topology, script, keys, args)
         if self.topology.kind == "cluster":  # its client picks the node
             return script(self.topology.client(), keys, args), None
-        return self._dispatch(script, keys, args, key, token)(), None
+        return self._dispatch(script, keys, args, key, token=token, owner=owner)(), None
+
+    def _undo_behind(
+        self, connection: Any, lock: str, token: str | None, owner: str | None
+    ) -> None:
+        """Close a connection whose reply was not read; behind an acquire (`token` and
+        `owner` given), write its grant's release first. The server runs the two in
+        order, so whatever the interrupted acquire took is freed at once instead of at
+        its ttl, as the asyncio face does for a cancelled call. No reply is read: the
+        parser may have been stopped inside one. Written only on the connection as it
+        is (never a new one, where the release could run before the acquire)."""
+        try:
+            if token is not None and owner is not None and connection._sock is not None:
+                # EVAL, not EVALSHA: no reply is read, so a NOSCRIPT would go unseen
+                script, value = self.release_script, self._value(owner, token)
+                undo = connection.pack_command("EVAL", script.source, 1, lock, value, "")
+                connection.send_packed_command(undo, check_health=False)
+        except Exception as exc:  # gone: the server frees a grant at its ttl
+            logger.debug("%s: undoing an interrupted acquire failed: %s", self.name, exc)
+        finally:
+            connection.disconnect()
 
     def _replicated_or_undone(self, keys: Keys, owner: str, token: str, acks: Any) -> None:
         """A grant the replicas did not acknowledge is taken back before anyone relies on
