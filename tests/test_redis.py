@@ -12,6 +12,7 @@ import subprocess
 import sys
 import threading
 import time
+import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -22,6 +23,7 @@ from redis.crc import key_slot
 from locks import BackendUnavailable, FallbackChain, Lease, LockError, LockNotOwned
 from locks.backends import LocalProvider, RedisHashProvider, RedisProvider
 from locks.backends.redis import scripts
+from locks.backends.redis.notify import Later, _discard
 from locks.backends.redis.provider import _RedisProviderBase
 from locks.backends.redis.scripts import Script, acl_rule
 from locks.errors import BackendError
@@ -725,6 +727,30 @@ def test_an_interrupted_read_never_leaves_its_reply_to_the_next_call(
             redis_server.resume()
         provider.close()
         other.close()
+
+
+@pytest.mark.parametrize("kind", PROVIDERS, ids=["redis", "redis-hash"])
+def test_a_try_made_for_a_waiter_that_left_leaves_nothing_held(
+    kind: type[_RedisProviderBase], redis_server: RedisServer, key: str
+) -> None:
+    """A release wakes the waiting process's subscriber, which sends its waiter's next
+    try. A waiter interrupted meanwhile (a signal's handler raising) has left when the
+    reply comes, and what the try took was held for nobody until its 30 s ttl. The
+    notifier discards such a reply (`_leave`, `_released`): here a real try, sent as
+    the subscriber sends it, discarded as it would be, frees the key."""
+    provider = kind(redis_server.url)
+    try:
+        warm = provider.acquire(f"{key}:warm", ttl=5)  # the server answered: tries split
+        assert warm is not None
+        provider.release(warm)
+        keys = provider._keys(key)
+        sent = provider._try_later(keys, current_owner(), uuid.uuid4().hex, 30_000, None)
+        assert isinstance(sent, Later)
+        _discard(sent)
+        assert provider.holder(key) is None, "the try made for a gone waiter kept its grant"
+        assert in_thread(lambda: provider.acquire(key, ttl=5, wait=0)) is not None
+    finally:
+        provider.close()
 
 
 def test_backends_that_cannot_split_a_try_say_so_after_checking_the_arguments() -> None:

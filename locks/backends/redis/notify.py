@@ -79,20 +79,24 @@ class Later(Generic[T]):
     """An attempt sent, its reply still to read: what an attempt made for a waiter may
     return, so that the waiter's thread is woken while the request travels and reads
     the reply itself (the thread switch overlaps the round trip instead of following
-    it). `read` must be called exactly once: it also gives the connection back."""
+    it). `read` must be called exactly once: it also gives the connection back.
+    `abandon` undoes what `read` returned when nobody will use it."""
 
-    __slots__ = ("read",)
+    __slots__ = ("abandon", "read")
 
-    def __init__(self, read: Callable[[], T]) -> None:
+    def __init__(self, read: Callable[[], T], abandon: Callable[[T], None]) -> None:
         self.read = read
+        self.abandon = abandon
 
 
 def _discard(result: object) -> None:
-    """A reply nobody will use read all the same, so its connection goes back to the
-    pool (a grant it made runs out with its ttl, as any reply lost)."""
+    """A reply nobody will use (its waiter was interrupted, or left) read all the same,
+    so its connection goes back to the pool, and what it took undone."""
     if isinstance(result, Later):
-        with contextlib.suppress(Exception):
-            result.read()
+        try:
+            result.abandon(result.read())
+        except Exception as exc:  # the server frees a grant at its ttl
+            logger.debug("undoing an attempt for a waiter that left failed: %s", exc)
 
 
 class Waiter(Generic[T]):

@@ -238,8 +238,14 @@ class _RedisProviderBase(Algorithm, ProviderBase):
         sent_at, args = self._try_args(owner, token, ttl_ms, deadline, mark=True)
         read = self._dispatch(self.acquire_script, [keys.lock, keys.fence], args, keys.name,
                               token=token, owner=owner)  # fmt: skip
+
+        def abandon(outcome: Grant | int | None) -> None:
+            """Taken for a waiter that left meanwhile: not held for nobody till its ttl."""
+            if isinstance(outcome, Grant):
+                self.release_token(keys.name, owner, token)
+
         return Later(lambda: self._tried(keys, owner, token, deadline=deadline, sent_at=sent_at,
-                                         reply=read(), acks=None))  # fmt: skip
+                                         reply=read(), acks=None), abandon)  # fmt: skip
 
     def _try_args(
         self, owner: str, token: str, ttl_ms: int, deadline: float | None, *, mark: bool
