@@ -15,6 +15,7 @@ import time
 import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any, cast
 
 import pytest
 import redis
@@ -22,7 +23,7 @@ from redis.crc import key_slot
 
 from locks import BackendUnavailable, FallbackChain, Lease, LockError, LockNotOwned
 from locks.backends import LocalProvider, RedisHashProvider, RedisProvider
-from locks.backends.redis import scripts
+from locks.backends.redis import notify, scripts
 from locks.backends.redis.notify import Later, _discard
 from locks.backends.redis.provider import _RedisProviderBase
 from locks.backends.redis.scripts import Script, acl_rule
@@ -729,20 +730,24 @@ def test_an_interrupted_read_never_leaves_its_reply_to_the_next_call(
         other.close()
 
 
+@pytest.mark.parametrize("split", [True, False], ids=["split", "whole"])
 @pytest.mark.parametrize("kind", PROVIDERS, ids=["redis", "redis-hash"])
 def test_a_try_made_for_a_waiter_that_left_leaves_nothing_held(
-    kind: type[_RedisProviderBase], redis_server: RedisServer, key: str
+    kind: type[_RedisProviderBase], redis_server: RedisServer, key: str, split: bool
 ) -> None:
     """A release wakes the waiting process's subscriber, which sends its waiter's next
-    try. A waiter interrupted meanwhile (a signal's handler raising) has left when the
-    reply comes, and what the try took was held for nobody until its 30 s ttl. The
-    notifier discards such a reply (`_leave`, `_released`): here a real try, sent as
-    the subscriber sends it, discarded as it would be, frees the key."""
+    try (or runs it whole, where a call cannot be split: a Cluster, `sync_replicas`, a
+    server that has not answered yet). A waiter interrupted meanwhile (a signal's
+    handler raising) has left when the reply comes, and what the try took was held for
+    nobody until its 30 s ttl. The notifier discards such a reply (`_leave`,
+    `_released`): here a real try, made as the subscriber makes it, discarded as it
+    would be, frees the key."""
     provider = kind(redis_server.url)
     try:
         warm = provider.acquire(f"{key}:warm", ttl=5)  # the server answered: tries split
         assert warm is not None
         provider.release(warm)
+        provider._answering = split
         keys = provider._keys(key)
         sent = provider._try_later(keys, current_owner(), uuid.uuid4().hex, 30_000, None)
         assert isinstance(sent, Later)
@@ -751,6 +756,81 @@ def test_a_try_made_for_a_waiter_that_left_leaves_nothing_held(
         assert in_thread(lambda: provider.acquire(key, ttl=5, wait=0)) is not None
     finally:
         provider.close()
+
+
+@pytest.mark.parametrize("kind", PROVIDERS, ids=["redis", "redis-hash"])
+def test_an_interrupt_just_after_a_send_never_leaves_its_reply_to_the_next_call(
+    kind: type[_RedisProviderBase], redis_server: RedisServer, key: str,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:  # fmt: skip
+    """A signal's handler runs between two bytecodes: here the one right after redis-py
+    has sent a try. The connection went back to the pool open, its reply still to come,
+    and the next call on it read that reply as its own (two owners)."""
+    provider, other = kind(redis_server.url), kind(redis_server.url)
+    try:
+        held = in_thread(lambda: other.acquire(f"{key}:held", ttl=30))  # another owner
+        assert held is not None
+        provider.ping()  # one connection in the pool: every call below takes it
+        client = provider.topology.client()
+        assert isinstance(client, redis.Redis)
+        connection = client.connection_pool.get_connection()
+        client.connection_pool.release(connection)
+        send = connection.send_packed_command
+
+        def sent_then_interrupted(*args: Any, **kwargs: Any) -> None:
+            send(*args, **kwargs)  # type: ignore[no-untyped-call]
+            raise _Interrupted
+
+        monkeypatch.setattr(connection, "send_packed_command", sent_then_interrupted)
+        with pytest.raises(_Interrupted):
+            provider.start_acquire(key, ttl=30)
+        monkeypatch.undo()
+        taken = provider.acquire(f"{key}:held", ttl=30, wait=0)
+        assert taken is None, f"granted {taken} while {held} holds the key"
+        until = time.monotonic() + 2.0  # and the interrupted try's grant was released
+        while provider.holder(key) is not None and time.monotonic() < until:
+            time.sleep(0.01)
+        assert provider.holder(key) is None, "the interrupted try's grant was left to its ttl"
+    finally:
+        provider.close()
+        other.close()
+
+
+def test_a_waiter_whose_sleep_ended_is_never_claimed_once_it_tries_itself() -> None:
+    """The subscriber claims only a sleeping waiter, and sends its next try under the
+    waiter's token. A waiter whose sleep timed out checked for a claim, then went back
+    to BUSY, in two sections of the notifier's lock: a claim in between had the waiter
+    send its own try while the claimed one was out, two grants under one token on
+    redis-hash, and the release by token of the one nobody used freed the other's live
+    lease. Here the subscriber claims (its try still out) after every section of the
+    lock the waiter leaves once its sleep is over."""
+    claims: list[int] = []
+
+    class ClaimingLock:
+        def __init__(self) -> None:
+            self.lock = threading.Lock()
+            self.waiter: notify.Waiter[int] | None = None
+            self.sections = 0
+
+        def __enter__(self) -> None:
+            self.lock.acquire()
+
+        def __exit__(self, *exc: object) -> None:
+            self.lock.release()
+            self.sections += 1
+            waiter = self.waiter
+            if waiter is not None and self.sections >= 2:  # the first put it to sleep
+                with self.lock:
+                    if waiter._state == notify._SLEEPING:
+                        waiter._state = notify._CLAIMED
+                        claims.append(self.sections)
+
+    lock = ClaimingLock()
+    waiter: notify.Waiter[int] = notify.Waiter(lambda: 7, cast(Any, lock))
+    lock.waiter = waiter
+    outcome = waiter.wait(0.01)
+    assert outcome is notify.NO_RESULT  # it tries itself...
+    assert not claims, f"...while a try was claimed for it after section {claims}"
 
 
 def test_backends_that_cannot_split_a_try_say_so_after_checking_the_arguments() -> None:

@@ -133,18 +133,27 @@ class Waiter(Generic[T]):
                 return NO_RESULT
             self._state = _SLEEPING
         self._woken.wait(timeout)
+        # the check for a claim and the return to BUSY are one section: a claim in
+        # between would send a try under this waiter's token while it sends its own
         with self._lock:
             claimed = self._state == _CLAIMED
+            if not claimed:
+                result = self._took()
         if claimed:  # the attempt under way ends within a socket timeout
             self._woken.wait()
-        with self._lock:
-            self._state = _BUSY
-            self._woken.clear()
-            result, self._result = self._result, NO_RESULT
+            with self._lock:
+                result = self._took()
         if isinstance(result, _Failure):
             raise result.error
         if isinstance(result, Later):
             return result.read()
+        return result
+
+    def _took(self) -> T | Later[T] | _NoResult | _Failure:
+        """Back to BUSY with the outcome left for it (under the notifier's lock)."""
+        self._state = _BUSY
+        self._woken.clear()
+        result, self._result = self._result, NO_RESULT
         return result
 
     def _fail(self, error: Exception) -> None:
@@ -173,7 +182,8 @@ def _next_message(pubsub: PubSub, timeout: float) -> list[Any] | None:
     critical path, and would reconnect by itself, unseen by the waiters that must then
     mark the set again. Connection errors reach the caller."""
     connection = pubsub.connection
-    if connection is None:
+    # closed (by `close`, from another thread): `can_read` would connect it again
+    if connection is None or getattr(connection, "_sock", None) is None:
         raise ConnectionError("the subscriber's connection is closed")
     if not connection.can_read(timeout):
         return None
@@ -311,12 +321,17 @@ class ReleaseNotifier:
                     pubsub.close()
                 self._resubscribe()
                 return
-            if message is not None:
-                self._dispatch(message)
-            if self._unclaimed:
-                self._pass_unclaimed()
+            try:
+                if message is not None:
+                    self._dispatch(message)
+                if self._unclaimed:
+                    self._pass_unclaimed()
+            except Exception:  # a bug here must not end every wake-up of the process
+                logger.exception("the release subscriber failed on %r", message)
 
-    def _dispatch(self, message: list[Any]) -> None:
+    def _dispatch(self, message: Any) -> None:
+        if not isinstance(message, list) or len(message) < 3:
+            return  # not a subscription's message (a PING's reply, say)
         kind = message[0]
         if kind in (b"message", "message"):
             data = message[2]

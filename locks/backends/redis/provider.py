@@ -229,21 +229,23 @@ class _RedisProviderBase(Algorithm, ProviderBase):
 
     def _try_later(
         self, keys: Keys, owner: str, token: str, ttl_ms: int, deadline: float | None
-    ) -> Grant | int | Later[Grant | int | None] | None:
+    ) -> Later[Grant | int | None]:
         """A marking `_try` sent now, its reply read by whoever reads the `Later`
         returned (a woken waiter, while the subscriber goes back to listening); the
-        whole `_try` where a call cannot be split. Errors come ours from `_dispatch`."""
-        if not self.splits():
-            return self._try(keys, owner, token, ttl_ms, deadline, mark=True)
-        sent_at, args = self._try_args(owner, token, ttl_ms, deadline, mark=True)
-        read = self._dispatch(self.acquire_script, [keys.lock, keys.fence], args, keys.name,
-                              token=token, owner=owner)  # fmt: skip
+        whole `_try` run now where a call cannot be split. Either way the `Later` knows
+        how to undo a grant nobody will use. Errors come ours from `_dispatch`."""
 
         def abandon(outcome: Grant | int | None) -> None:
             """Taken for a waiter that left meanwhile: not held for nobody till its ttl."""
             if isinstance(outcome, Grant):
                 self.release_token(keys.name, owner, token)
 
+        if not self.splits():
+            outcome = self._try(keys, owner, token, ttl_ms, deadline, mark=True)
+            return Later(lambda: outcome, abandon)
+        sent_at, args = self._try_args(owner, token, ttl_ms, deadline, mark=True)
+        read = self._dispatch(self.acquire_script, [keys.lock, keys.fence], args, keys.name,
+                              token=token, owner=owner)  # fmt: skip
         return Later(lambda: self._tried(keys, owner, token, deadline=deadline, sent_at=sent_at,
                                          reply=read(), acks=None), abandon)  # fmt: skip
 
@@ -372,7 +374,8 @@ class _RedisProviderBase(Algorithm, ProviderBase):
             pool.release(connection)
             maybe = token is not None and maybe_sent(exc)
             raise self._error(exc, ambiguous=maybe, key=key, token=token) from exc
-        except BaseException:  # interrupted: redis-py closed it if anything was sent
+        except BaseException:  # interrupted, maybe after the send: its reply must not stay
+            self._undo_behind(connection, keys[0], token, owner)
             pool.release(connection)
             raise
 
@@ -441,11 +444,12 @@ class _RedisProviderBase(Algorithm, ProviderBase):
         parser may have been stopped inside one. Written only on the connection as it
         is (never a new one, where the release could run before the acquire)."""
         try:
-            if token is not None and owner is not None and connection._sock is not None:
+            sock = connection._sock  # written to as it is: `send_packed_command` reconnects
+            if token is not None and owner is not None and sock is not None:
                 # EVAL, not EVALSHA: no reply is read, so a NOSCRIPT would go unseen
                 script, value = self.release_script, self._value(owner, token)
                 undo = connection.pack_command("EVAL", script.source, 1, lock, value, "")
-                connection.send_packed_command(undo, check_health=False)
+                sock.sendall(b"".join(undo))
         except Exception as exc:  # gone: the server frees a grant at its ttl
             logger.debug("%s: undoing an interrupted acquire failed: %s", self.name, exc)
         finally:
