@@ -258,12 +258,13 @@ def model_machine(
             return grant is not None and not grant.gone and t0 <= grant.reach() + MARGIN
 
         def pick(self, index: int, *, unreleased: bool) -> Level | None:
-            """The `index`-th lease (modulo their number) among those not ended as far as
-            the model knows if `unreleased` and there are any, else among all; None
-            before the first grant."""
+            """The `index`-th lease from the newest (modulo their number; Hypothesis
+            shrinks towards 0, the newest, as it did a Bundle) among those not ended as
+            far as the model knows if `unreleased` and there are any, else among all;
+            None before the first grant."""
             live = [level for level in self.levels if not level.ended] if unreleased else []
             pool = live or self.levels
-            return pool[index % len(pool)] if pool else None
+            return pool[-1 - index % len(pool)] if pool else None
 
         def snapshot(self, key: int) -> tuple[Holder | None, float, float]:
             t0 = time.monotonic()
@@ -520,6 +521,8 @@ def model_machine(
             parent fails its check and cannot be released, and a free key can be taken.
             The parent's leases are untouched (the invariants check it next)."""
             self.forks += 1
+            if all(level.ended for level in self.levels):  # something for the child to see
+                self.acquire(owner=0, key=0, ttl="fixed")
             provider = self.provider
             parents = [level.lease for level in self.levels if not level.ended]
             free = f"{self.keys[0]}:child"
