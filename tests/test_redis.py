@@ -504,7 +504,10 @@ def test_a_failed_subscribe_leaves_no_trace(redis_server: RedisServer, key: str)
     assert lease is not None
     notifier = provider._notifier
     redis_server.kill()
-    with pytest.raises(BackendUnavailable), notifier.waiting("lock", None, lambda: 0):
+    with (
+        pytest.raises(BackendUnavailable),
+        notifier.waiting("lock", None, lambda: Later(lambda: 0, print)),
+    ):
         pass
     assert notifier._waiters == {} and notifier._pubsub is None
     redis_server.start()
@@ -826,7 +829,7 @@ def test_a_waiter_whose_sleep_ended_is_never_claimed_once_it_tries_itself() -> N
                         claims.append(self.sections)
 
     lock = ClaimingLock()
-    waiter: notify.Waiter[int] = notify.Waiter(lambda: 7, cast(Any, lock))
+    waiter: notify.Waiter[int] = notify.Waiter(lambda: Later(lambda: 7, print), cast(Any, lock))
     lock.waiter = waiter
     outcome = waiter.wait(0.01)
     assert outcome is notify.NO_RESULT  # it tries itself...

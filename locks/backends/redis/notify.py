@@ -105,23 +105,22 @@ class Waiter(Generic[T]):
     While it sleeps, the subscriber thread may claim it and send its next `attempt`
     itself the moment a release arrives: the attempt then reaches Redis before the
     sleeping thread could even be scheduled, which is most of a hand-off's latency; the
-    waiter is woken at once and reads the reply (`Later`), or, where the attempt cannot
-    be split, is handed its outcome. Its state changes under the notifier's lock: BUSY
-    (its own thread is running), SLEEPING, WOKEN (its own thread is told to try, so
-    nobody may claim it: an attempt claimed now could win a grant after the thread had
-    moved on, and the grant would be lost), CLAIMED (an attempt is under way on its
-    behalf; the result follows).
-    """
+    waiter is woken at once and reads the reply (`Later`; where the attempt cannot be
+    split, it was run whole and the `Later` holds its outcome). Its state changes under
+    the notifier's lock: BUSY (its own thread is running), SLEEPING, WOKEN (its own
+    thread is told to try, so nobody may claim it: an attempt claimed now could win a
+    grant after the thread had moved on, and the grant would be lost), CLAIMED (an
+    attempt is under way on its behalf; the result follows)."""
 
     __slots__ = ("_attempt", "_lock", "_pending", "_result", "_state", "_woken")
 
-    def __init__(self, attempt: Callable[[], T | Later[T]], lock: threading.Lock) -> None:
+    def __init__(self, attempt: Callable[[], Later[T]], lock: threading.Lock) -> None:
         self._attempt = attempt
         self._lock = lock
         self._woken = threading.Event()
         self._state = _BUSY
         self._pending = False  # woken while busy: try again at once instead of sleeping
-        self._result: T | Later[T] | _NoResult | _Failure = NO_RESULT
+        self._result: Later[T] | _NoResult | _Failure = NO_RESULT
 
     def wait(self, timeout: float | None) -> T | _NoResult:
         """Sleep until woken or `timeout`. Returns the outcome of an attempt made on
@@ -147,9 +146,9 @@ class Waiter(Generic[T]):
             raise result.error
         if isinstance(result, Later):
             return result.read()
-        return result
+        return result  # nothing made for it: it tries again itself
 
-    def _took(self) -> T | Later[T] | _NoResult | _Failure:
+    def _took(self) -> Later[T] | _NoResult | _Failure:
         """Back to BUSY with the outcome left for it (under the notifier's lock)."""
         self._state = _BUSY
         self._woken.clear()
@@ -228,7 +227,7 @@ class ReleaseNotifier:
 
     @contextmanager
     def waiting(
-        self, lock: str, deadline: float | None, attempt: Callable[[], T | Later[T]]
+        self, lock: str, deadline: float | None, attempt: Callable[[], Later[T]]
     ) -> Iterator[Waiter[T]]:
         """Count a waiter on the lock key `lock` whose next try is `attempt` (which may
         send now and leave the reply for later). On entry the subscription is confirmed

@@ -188,7 +188,7 @@ class _RedisProviderBase(Algorithm, ProviderBase):
         def attempt() -> Grant | int | None:
             return self._try(keys, owner, token, ttl_ms, deadline, mark=True)
 
-        def claimed() -> Grant | int | Later[Grant | int | None] | None:
+        def claimed() -> Later[Grant | int | None]:
             """The attempt the subscriber makes for this waiter: sent, read here."""
             return self._try_later(keys, owner, token, ttl_ms, deadline)
 
