@@ -78,6 +78,47 @@ def test_hostile_and_unicode_names_are_stored_and_released_verbatim(
     assert mariadb_server.sql("SHOW TABLES FROM locks") == "locks"
 
 
+def test_names_stay_verbatim_when_the_session_takes_backslashes_literally(
+    mariadb_server: MariaDBServer,
+) -> None:
+    """Our statements escape strings as the session reads them: with NO_BACKSLASH_ESCAPES
+    a backslash is an ordinary character, and escaping it as one would store another
+    name (and release nothing)."""
+    mode = "SET SESSION sql_mode = CONCAT(@@sql_mode, ',NO_BACKSLASH_ESCAPES')"
+    provider = DatabaseProvider(mariadb_server.url, connect_args={"init_command": mode})
+    names = ["a\\b", "a\\", "x'y", "\\'", "\\\\'; --"]
+    try:
+        for _ in range(2):  # the insert of a new row, then the update of a kept one
+            leases = [provider.acquire(name, ttl=30, wait=0) for name in names]
+            assert all(lease is not None for lease in leases), "some names collided"
+            for lease in leases:
+                assert lease is not None
+                provider.release(lease)
+    finally:
+        provider.close()
+    rows = pymysql.connect(**mariadb_server.pymysql_args())
+    with rows.cursor() as cursor:
+        cursor.execute("SELECT name, expires_at FROM locks WHERE name IN %s", (names,))
+        assert dict(cursor.fetchall()) == dict.fromkeys(names, 0)  # verbatim, and free
+    rows.close()
+
+
+def test_a_statement_without_rows_answered_with_rows_closes_its_connection(
+    db: DatabaseProvider, key: str
+) -> None:
+    """The lean path reads an OK packet and nothing else: a reply it cannot read leaves
+    the connection's protocol state unknown, so it is closed, as a lost connection."""
+    db.release(db.acquire(key, ttl=30) or pytest.fail("not acquired"))
+    statement = database._PyMySQLStatement("SELECT 1, 2", (), named=False)
+    connection = db._connections.take()
+    with pytest.raises(pymysql.OperationalError) as raised:
+        statement.run(connection, {})
+    assert raised.value.args[0] == 2013
+    assert not connection.open
+    db._connections.discard(connection)
+    db.release(db.acquire(key, ttl=30) or pytest.fail("not acquired"))  # a new connection
+
+
 def test_rows_of_released_and_dead_holders_are_purged_once_idle_and_fences_keep_rising(
     mariadb_server: MariaDBServer, key: str
 ) -> None:

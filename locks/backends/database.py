@@ -87,6 +87,8 @@ _PURGE_EVERY = 1000  # releases between purges of rows left by dead holders
 _DEADLOCK_RETRIES = 10  # a statement chosen as a deadlock victim is run again this often
 _IDLE_PING = 5.0  # a pooled connection idle, or unchecked, for longer is pinged before use
 _ROWS_SEEN = 10_000  # keys remembered to have a row (their tries skip the plain INSERT)
+_COM_QUERY = 0x03  # the MySQL protocol's command for a query in text
+_CR_SERVER_LOST = 2013  # the client error "Lost connection to MySQL server during query"
 
 _CLOCK_US = {
     "mysql": "TIMESTAMPDIFF(MICROSECOND, '1970-01-01 00:00:00', UTC_TIMESTAMP(6))",
@@ -262,15 +264,32 @@ async def _awaited(outcome: Any) -> Any:
 
 
 class _PyMySQLStatement(_Statement):
-    """On PyMySQL a statement without rows goes straight to `Connection.query`, its
-    arguments escaped by the connection exactly as `Cursor.execute` escapes them. The
-    cursor's bookkeeping (make, clear, read back, close) cost ~10 µs a statement here:
-    3 % of a cycle against a durable MariaDB."""
+    """On PyMySQL a statement without rows is written as one COM_QUERY and its reply read
+    as the OK packet it must be, with the connection's own packet calls (sequence
+    numbers, timeouts, error packets and lost connections handled as `query` handles
+    them). Strings are escaped by the connection exactly as `Cursor.execute` escapes
+    them; integers are written as they are. The cursor's bookkeeping (make, clear, read
+    back, close) cost ~10 µs a statement, and `query`'s result object (made, read, kept
+    for `insert_id`) ~11 µs a cycle more: together ~6 % of a cycle against a durable
+    MariaDB."""
 
     def run(self, connection: Any, params: dict[str, Any]) -> tuple[int, int, Any]:
         escape = connection.escape
-        rows = connection.query(self.sql % tuple([escape(params[n]) for n in self.positions]))
-        return rows, connection.insert_id(), None
+        values = [params[n] for n in self.positions]
+        sql = self.sql % tuple([str(v) if type(v) is int else escape(v) for v in values])
+        connection._execute_command(_COM_QUERY, sql)
+        packet = connection._read_packet()  # raises the server's error, as `query` does
+        if not packet.is_ok_packet():  # a statement without rows answered with rows
+            connection._force_close()
+            raise connection.OperationalError(  # a lost connection, to `_run`: discarded
+                _CR_SERVER_LOST, "the server answered a statement without rows with rows"
+            )
+        packet.advance(1)
+        rows = packet.read_length_encoded_integer()
+        insert_id = packet.read_length_encoded_integer()
+        # its escaping depends on the session's NO_BACKSLASH_ESCAPES, told here
+        connection.server_status = packet.read_uint16()
+        return rows, insert_id, None
 
 
 class DatabaseRules(LeaseKeeper):
