@@ -654,7 +654,20 @@ class ZooKeeperSession(LeaseKeeper):
             with self._translated(ambiguous=True, key=key, token=token):
                 created = self._create_node(parent, token, owner)
                 listed = self.client.get_children_async(parent)
+                # The later reply first: once it is in, so is the create's, and this
+                # thread is woken once for the two, not twice (~5 % of a cycle).
+                unlisted: Exception | None = None
+                children: list[str] = []
                 try:
+                    children = yield listed
+                except Exception as error:  # what it means depends on the create's reply
+                    unlisted = error
+                except BaseException:  # its caller is gone: the create runs on all the same
+                    self._create_abandoned(created, parent, token)
+                    raise
+                try:
+                    if unlisted is not None and not created.ready():
+                        raise unlisted  # no reply in time: not one more timeout for it
                     chrooted, stat = yield created
                     path = self.client.unchroot(chrooted)
                 except NoNodeError:
@@ -666,13 +679,11 @@ class ZooKeeperSession(LeaseKeeper):
                 except GeneratorExit:  # its caller is gone: the create runs on all the same
                     self._create_abandoned(created, parent, token)
                     raise
-                try:
-                    children: list[str] = yield listed
-                except BaseException:
+                if unlisted is not None:
                     # it did run (a member died between the two replies): unknown to the
                     # caller, our node would hold the lock for as long as the session lives
                     self._leave(parent, token)
-                    raise
+                    raise unlisted
             return path, int(stat.czxid), children
         raise self._unavailable(NoNodeError(f"{parent} keeps disappearing"), key=key)
 
