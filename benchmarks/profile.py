@@ -171,7 +171,7 @@ class _NullCursor:
 
 
 class _NullConnection:
-    """A DBAPI connection that does no I/O (PyMySQL's query path included)."""
+    """A DBAPI connection that does no I/O (PyMySQL's packet calls included)."""
 
     def cursor(self) -> _NullCursor:
         return _NullCursor()
@@ -179,11 +179,16 @@ class _NullConnection:
     def escape(self, value: object) -> str:
         return repr(value)
 
-    def query(self, sql: str) -> int:
-        return 1
+    server_status = 2  # autocommit
 
-    def insert_id(self) -> int:
-        return 1
+    def _execute_command(self, command: int, sql: str) -> None:
+        pass
+
+    def _read_packet(self) -> Any:
+        """An OK packet: one row changed, LAST_INSERT_ID 1, autocommit, no warnings."""
+        from pymysql.protocol import MysqlPacket  # type: ignore[import-untyped]  # noqa: PLC0415
+
+        return MysqlPacket(b"\x00\x01\x01\x02\x00\x00\x00", "utf8mb4")
 
     def fileno(self) -> int:
         return -1
