@@ -905,7 +905,7 @@ def test_leases_due_together_are_renewed_in_one_pipeline_and_a_lost_one_is_told(
     admin: redis.Redis, key: str,
 ) -> None:  # fmt: skip
     """300 auto-renewed leases of one provider fall due together: their extends go in
-    pipelines (the server reads a large pipeline in a few chunks: far fewer reads than
+    pipelines (the server reads a large pipeline in chunks: far fewer reads than
     renewals, where one by one it reads each), every one stays held, and the one whose
     key vanished is told it was lost, alone."""
     provider = provider_class(redis_server.url, watchdog_ttl=0.9)  # renewed every 0.3 s
@@ -920,7 +920,10 @@ def test_leases_due_together_are_renewed_in_one_pipeline_and_a_lost_one_is_told(
         reads = admin.info("stats")["total_reads_processed"] - before
         renewals = admin.info("commandstats")["cmdstat_evalsha"]["calls"] - calls_before
         assert renewals >= 2 * 299, f"only {renewals} renewals"
-        assert reads < renewals / 4, f"{reads} reads for {renewals} renewals"
+        # one by one, the server reads each renewal alone (reads >= renewals); here 140
+        # to 310 reads for ~1,200, more the slower the process writes its chunks (after
+        # the rest of this file, twice as many as alone)
+        assert reads < renewals / 2, f"{reads} reads for {renewals} renewals"
         assert [lease.key for lease in lost] == [f"{key}:7"]
         for lease in leases:
             assert lease is not None
