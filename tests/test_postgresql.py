@@ -48,6 +48,62 @@ def test_both_drivers_exclude_each_other_and_share_fences(
         two.close()
 
 
+def _prepared_on(provider: DatabaseProvider) -> list[str]:
+    """The statements prepared on the provider's pooled connection (a session's own)."""
+    connection = provider._connections.take()
+    try:
+        rows = connection.execute("SELECT name FROM pg_prepared_statements ORDER BY name")
+        return [name for (name,) in rows.fetchall()]
+    finally:
+        provider._connections.give(connection)
+
+
+def test_statements_are_prepared_once_per_session_and_again_after_a_deallocate(
+    postgresql_server: PostgreSQLServer, key: str
+) -> None:
+    """psycopg 3: each statement is prepared on a connection the first time it runs
+    there; a session that lost them (DEALLOCATE, DISCARD ALL) prepares them again."""
+    provider = DatabaseProvider(postgresql_server.url, pool_size=1)
+    try:
+        fences = []
+        for _ in range(3):
+            lease = provider.acquire(key, ttl=30)
+            assert lease is not None
+            fences.append(lease.fence)
+            provider.release(lease)
+        hot = {statement.prepared_as.decode()  # type: ignore[attr-defined]
+               for statement in (provider._take_sql, provider._release_sql)}  # fmt: skip
+        prepared = _prepared_on(provider)
+        assert hot <= set(prepared) and all(name.startswith("locks_") for name in prepared)
+        connection = provider._connections.take()
+        connection.execute("DEALLOCATE ALL")
+        provider._connections.give(connection)
+        assert _prepared_on(provider) == []
+        lease = provider.acquire(key, ttl=30)
+        assert lease is not None and lease.fence > fences[-1] > fences[0]
+        provider.release(lease)
+        assert set(_prepared_on(provider)) == hot  # the take and the release, again
+    finally:
+        provider.close()
+
+
+def test_prepare_threshold_none_keeps_every_statement_unprepared(
+    postgresql_server: PostgreSQLServer, key: str
+) -> None:
+    """PgBouncer in transaction mode moves a session's statements between server
+    connections, so its users turn preparing off (`prepare_threshold=None`): honoured."""
+    provider = DatabaseProvider(postgresql_server.url, pool_size=1,
+                                connect_args={"prepare_threshold": None})  # fmt: skip
+    try:
+        for _ in range(10):  # past psycopg's own threshold (5) too
+            lease = provider.acquire(key, ttl=30)
+            assert lease is not None
+            provider.release(lease)
+        assert _prepared_on(provider) == []
+    finally:
+        provider.close()
+
+
 def test_a_killed_server_is_reported_then_the_provider_recovers(
     pg: str, postgresql_server: PostgreSQLServer, key: str
 ) -> None:

@@ -47,6 +47,7 @@ needs no check: a standby refuses every user.
 
 from __future__ import annotations
 
+import hashlib
 import inspect
 import logging
 import random
@@ -219,6 +220,8 @@ class _Statement:
 
     @staticmethod
     def compile(sql: str, dialect: Any, *, every_row: bool = False) -> _Statement:
+        if dialect.driver == "psycopg" and not every_row:
+            return _PsycopgStatement.compiled(sql, dialect)
         direct = dialect.driver == "pymysql" and not sql.lstrip().startswith("SELECT")
         if direct:
             dialect = type(dialect)(paramstyle="format")  # positional: a tuple to format
@@ -290,6 +293,71 @@ class _PyMySQLStatement(_Statement):
         # its escaping depends on the session's NO_BACKSLASH_ESCAPES, told here
         connection.server_status = packet.read_uint16()
         return rows, insert_id, None
+
+
+@dataclass(frozen=True)
+class _PsycopgStatement(_Statement):
+    """On psycopg 3 (the threaded face) a statement is prepared once per connection
+    under a name of its own and run with libpq's `exec_prepared`, its parameters and
+    its first row in text: the cursor, its adapters and its result object cost ~30 µs
+    a cycle, ~8 % against a durable PostgreSQL. (psycopg prepares a statement run five
+    times too; a cursor's `prepare_threshold=None`, for PgBouncer's transaction mode,
+    is honoured by keeping the cursor.) The asyncio face keeps the cursor (`arun`)."""
+
+    prepared_as: bytes = b""  # the name it is prepared under: the same for the same text
+    numbered_sql: bytes = b""  # with $1, $2 for `numbered`, UTF-8
+    numbered: tuple[str, ...] = ()  # the parameters, in the order of their numbers
+
+    @staticmethod
+    def compiled(sql: str, dialect: Any) -> _PsycopgStatement:
+        named = sa.text(sql).compile(dialect=dialect)
+        numbered = sa.text(sql).compile(dialect=type(dialect)(paramstyle="numeric_dollar"))
+        text = numbered.string.encode()
+        return _PsycopgStatement(
+            named.string, (), True, False, prepared_as=b"locks_" + _digest(text),
+            numbered_sql=text, numbered=tuple(numbered.positiontup or ()),
+        )  # fmt: skip
+
+    def run(self, connection: Any, params: dict[str, Any]) -> tuple[int, int, Any]:
+        pgconn = connection.pgconn
+        if (connection.prepare_threshold is None
+                or pgconn.parameter_status(b"client_encoding") != b"UTF8"):  # fmt: skip
+            return super().run(connection, params)
+        values = [str(params[n]).encode() for n in self.numbered]
+        result = pgconn.exec_prepared(self.prepared_as, values)
+        if result.status == _FATAL_ERROR and result.error_field(_SQLSTATE) == b"26000":
+            # not prepared on this connection yet (or deallocated since): once
+            _settled(pgconn, pgconn.prepare(self.prepared_as, self.numbered_sql, None))
+            result = pgconn.exec_prepared(self.prepared_as, values)
+        _settled(pgconn, result)
+        row = None
+        if result.ntuples:
+            row = tuple([None if (value := result.get_value(0, column)) is None
+                         else value.decode() for column in range(result.nfields)])  # fmt: skip
+        return result.command_tuples or 0, 0, row
+
+
+def _digest(text: bytes) -> bytes:
+    return hashlib.sha1(text, usedforsecurity=False).hexdigest()[:16].encode()
+
+
+# libpq's result status and error field, as psycopg's `pq` numbers them
+_COMMAND_OK, _TUPLES_OK, _FATAL_ERROR = 1, 2, 7
+_SQLSTATE = ord("C")
+
+
+def _settled(pgconn: Any, result: Any) -> None:
+    """Raise what psycopg's cursor would for a failed `result`: the server's error by
+    its SQLSTATE, or `OperationalError` when the connection is gone (no SQLSTATE, the
+    connection bad), which the pool then discards."""
+    if result.status in (_COMMAND_OK, _TUPLES_OK):
+        return
+    import psycopg  # noqa: PLC0415 - only a failure needs the module's errors
+
+    if result.error_field(_SQLSTATE) is None or pgconn.status != 0:  # 0: CONNECTION_OK
+        message = (result.error_message or pgconn.error_message).decode(errors="replace")
+        raise psycopg.OperationalError(message.strip() or "the connection to PostgreSQL failed")
+    raise psycopg.errors.error_from_result(result, encoding="utf-8")
 
 
 class DatabaseRules(LeaseKeeper):
