@@ -125,12 +125,16 @@ def bare_psycopg(args: dict[str, Any]) -> Contender:
     return Contender(BARE, acquire, release, close)
 
 
-def _per_thread_psycopg2(args: dict[str, Any]) -> tuple[Callable[[], Any], Callable[[], None]]:
-    """As `_per_thread`, on psycopg2."""
+def _per_thread_psycopg2(
+    args: dict[str, Any], prepare: Sequence[str] = ()
+) -> tuple[Callable[[], Any], Callable[[], None]]:
+    """As `_per_thread`, on psycopg2, each connection running `prepare` first."""
 
     def connect() -> Any:
         conn = psycopg2.connect(**args)
         conn.autocommit = True
+        for statement in prepare:
+            conn.cursor().execute(statement)
         return conn
 
     return harness.per_thread(connect)
@@ -146,8 +150,11 @@ def replay_ours(url: str, args: dict[str, Any], *, psycopg2_driver: bool = False
     made.create_table()
     take, free = made._take_sql, made._release_sql  # its very statements
     made.close()
-    per_thread = _per_thread_psycopg2 if psycopg2_driver else _per_thread
-    connection, close = per_thread(args)
+    if psycopg2_driver:  # they are EXECUTEs of statements each connection prepares once
+        prepared = [take.prepare_sql, free.prepare_sql]  # type: ignore[attr-defined]
+        connection, close = _per_thread_psycopg2(args, prepared)
+    else:  # psycopg prepares them itself, as the provider does, from their fifth run
+        connection, close = _per_thread(args)
     owner = uuid.uuid4().hex
 
     def acquire(key: str) -> Any:

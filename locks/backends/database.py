@@ -55,7 +55,7 @@ import sqlite3
 import threading
 import time
 from collections.abc import Callable, Hashable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, TypeVar
 
 import sqlalchemy as sa
@@ -222,6 +222,8 @@ class _Statement:
     def compile(sql: str, dialect: Any, *, every_row: bool = False) -> _Statement:
         if dialect.driver == "psycopg" and not every_row:
             return _PsycopgStatement.compiled(sql, dialect)
+        if dialect.driver == "psycopg2" and not every_row:
+            return _Psycopg2Statement.compiled(sql, dialect)
         direct = dialect.driver == "pymysql" and not sql.lstrip().startswith("SELECT")
         if direct:
             dialect = type(dialect)(paramstyle="format")  # positional: a tuple to format
@@ -236,9 +238,12 @@ class _Statement:
     def run(self, connection: Any, params: dict[str, Any]) -> tuple[int, int, Any]:
         """The rowcount, the lastrowid and the first row, if any (every row read, as a
         list, for a statement compiled `every_row`)."""
+        return self._through_cursor(connection, self.sql, self._args(params))
+
+    def _through_cursor(self, connection: Any, sql: str, args: Any) -> tuple[int, int, Any]:
         cursor = connection.cursor()
         try:
-            cursor.execute(self.sql, self._args(params))
+            cursor.execute(sql, args)
             read = cursor.fetchall if self.every_row else cursor.fetchone
             row = read() if cursor.description else None
             # only MySQL's fence comes back as LAST_INSERT_ID; psycopg 3 has no lastrowid
@@ -325,7 +330,8 @@ class _PsycopgStatement(_Statement):
             return super().run(connection, params)
         values = [str(params[n]).encode() for n in self.numbered]
         result = pgconn.exec_prepared(self.prepared_as, values)
-        if result.status == _FATAL_ERROR and result.error_field(_SQLSTATE) == b"26000":
+        state = result.error_field(_SQLSTATE) if result.status == _FATAL_ERROR else None
+        if state == _NOT_PREPARED.encode():
             # not prepared on this connection yet (or deallocated since): once
             _settled(pgconn, pgconn.prepare(self.prepared_as, self.numbered_sql, None))
             result = pgconn.exec_prepared(self.prepared_as, values)
@@ -335,6 +341,49 @@ class _PsycopgStatement(_Statement):
             row = tuple([None if (value := result.get_value(0, column)) is None
                          else value.decode() for column in range(result.nfields)])  # fmt: skip
         return result.command_tuples or 0, 0, row
+
+
+@dataclass(frozen=True)
+class _Psycopg2Statement(_Statement):
+    """psycopg2 never prepares: PostgreSQL parsed and planned each statement anew, ~25 %
+    of a cycle against a durable server. Here a statement is prepared once per
+    connection (`PREPARE`, again after a DEALLOCATE) and run as `EXECUTE name (...)`,
+    its arguments quoted by the driver as ever. A server that forgets a statement
+    between two of ours (PgBouncer in transaction mode hands each to any server
+    connection) has them sent unprepared from then on."""
+
+    prepare_sql: str = ""  # PREPARE name AS the statement, numbered
+    unprepared_sql: str = ""  # the statement itself, as the driver quotes it
+    unkept: list[bool] = field(default_factory=list)  # [True]: the server keeps none
+
+    @staticmethod
+    def compiled(sql: str, dialect: Any) -> _Psycopg2Statement:
+        named = sa.text(sql).compile(dialect=dialect)
+        numbered = sa.text(sql).compile(dialect=type(dialect)(paramstyle="numeric_dollar"))
+        name = "locks_" + _digest(numbered.string.encode()).decode()
+        arguments = ", ".join(f"%({n})s" for n in numbered.positiontup or ())
+        return _Psycopg2Statement(
+            f"EXECUTE {name} ({arguments})" if arguments else f"EXECUTE {name}", (), True,
+            False, prepare_sql=f"PREPARE {name} AS {numbered.string}",
+            unprepared_sql=named.string,
+        )  # fmt: skip
+
+    def run(self, connection: Any, params: dict[str, Any]) -> tuple[int, int, Any]:
+        if self.unkept:
+            return self._through_cursor(connection, self.unprepared_sql, params)
+        for attempt in range(2):
+            try:
+                return self._through_cursor(connection, self.sql, params)
+            except connection.Error as error:
+                if dialects.sqlstate(error) != _NOT_PREPARED:
+                    raise
+            if attempt == 0:  # not on this connection yet: nothing ran
+                self._through_cursor(connection, self.prepare_sql, None)
+        self.unkept.append(True)  # prepared, and gone by the next statement
+        return self._through_cursor(connection, self.unprepared_sql, params)
+
+
+_NOT_PREPARED = "26000"  # SQLSTATE invalid_sql_statement_name: no such prepared statement
 
 
 def _digest(text: bytes) -> bytes:
