@@ -62,6 +62,8 @@ STALE_FENCE = "stale-fence"
 FENCE_ORDER = "fence-order"
 SILENT_LOSS = "silent-loss"
 OVERRUN = "overrun"
+
+_REGISTER_CALLS = ("read", "write")  # a worker's calls on the campaign's shared register
 LEFTOVER = "leftover"
 MALFORMED = "malformed"
 KINDS = (
@@ -344,6 +346,7 @@ class _Checker:
         self.faults: list[tuple[float, int]] = []
         self.kills: dict[str, list[float]] = defaultdict(list)
         self.targeted: dict[str, list[float]] = defaultdict(list)
+        self.worker_faults: list[float] = []  # faults aimed at a worker, in time order
         self.history_end = -math.inf
 
     # -- reporting ----------------------------------------------------------------------
@@ -800,10 +803,15 @@ class _Checker:
 
     def excused(self, call: _Call, end: float) -> bool:
         """A call cut by a kill, or during which the nemesis paused or killed its own process,
-        may take as long as the fault lasted."""
+        may take as long as the fault lasted. The register is one SQLite file, written in
+        transactions: a call on it waits for any worker the nemesis stopped inside one,
+        until that worker continues or dies (a fault of that worker during the call)."""
         if self.kills.get(call.process) and self.last_call.get(call.process) is call:
             return True
-        faults = self.targeted.get(call.process, [])
+        if call.f in _REGISTER_CALLS:
+            faults = self.worker_faults
+        else:
+            faults = self.targeted.get(call.process, [])
         return bisect.bisect_right(faults, end) > bisect.bisect_left(faults, call.start)
 
     def run(self) -> Verdict:
@@ -811,6 +819,10 @@ class _Checker:
         self.faults.sort()
         for monos in self.targeted.values():
             monos.sort()
+        workers = {call.process for call in self.calls}
+        self.worker_faults = sorted(
+            mono for target, monos in self.targeted.items() if target in workers for mono in monos
+        )
         self.match_lost()
         self.windows()
         self.mutual_exclusion()

@@ -348,6 +348,27 @@ def test_a_killed_or_paused_worker_is_excused_from_overrun() -> None:
     assert_clean(h)
 
 
+def test_a_register_call_held_up_by_a_worker_stopped_in_the_register_is_excused() -> None:
+    """The register is one SQLite file: a worker the nemesis stopped inside its
+    transaction holds every other worker's read and write until it continues. That stall
+    is the harness's; the same read with no worker fault during it overruns."""
+    for stalled in (True, False):
+        h = History()
+        h.acquire("w1", "k1", 0.0, 0.01, fence=1, token="a", ttl=30.0, timeout=2.0)
+        h.acquire("w2", "k2", 0.0, 0.01, fence=1, token="b", ttl=30.0)
+        if stalled:
+            h.fault("stop w2", "w2", 0.05)
+        read = h.call("w1", "read", 0.1, 3.2, {"key": "k1", "token": "a"}, done={"value": 0})
+        if stalled:
+            h.fault("continue w2", "w2", 3.1)
+        h.release("w1", "k1", 3.3, 3.31, token="a")
+        h.release("w2", "k2", 3.3, 3.31, token="b")
+        if stalled:
+            assert_clean(h)
+        else:
+            assert only(check(h.events), OVERRUN).startswith(f"w1 read ok #{read}")
+
+
 def test_every_leftover_is_a_violation() -> None:
     h = History()
     h.hold("w1", "k1", 0.0, fence=1, read=0, order=1)
