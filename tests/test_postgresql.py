@@ -61,6 +61,17 @@ def _prepared_on(provider: DatabaseProvider) -> set[str]:
         provider._connections.give(connection)
 
 
+def _fences_of_cycles(provider: DatabaseProvider, key: str, count: int) -> list[int]:
+    """`count` acquire+release cycles on `key`; each grant's fence."""
+    fences = []
+    for _ in range(count):
+        lease = provider.acquire(key, ttl=30)
+        assert lease is not None
+        fences.append(lease.fence)
+        provider.release(lease)
+    return fences
+
+
 def _deallocate_all(provider: DatabaseProvider) -> None:
     connection = provider._connections.take()
     connection.cursor().execute("DEALLOCATE ALL")
@@ -75,19 +86,12 @@ def test_statements_are_prepared_once_per_session_and_again_after_a_deallocate(
     them (DEALLOCATE, DISCARD ALL) prepares them again."""
     provider = DatabaseProvider(pg, pool_size=1)
     try:
-        fences = []
-        for _ in range(3):
-            lease = provider.acquire(key, ttl=30)
-            assert lease is not None
-            fences.append(lease.fence)
-            provider.release(lease)
+        fences = _fences_of_cycles(provider, key, 3)
         prepared = _prepared_on(provider)
         assert prepared and all(name.startswith("locks_") for name in prepared)
         _deallocate_all(provider)
         assert _prepared_on(provider) == set()
-        lease = provider.acquire(key, ttl=30)
-        assert lease is not None and lease.fence > fences[-1] > fences[0]
-        provider.release(lease)
+        assert _fences_of_cycles(provider, key, 1)[0] > fences[-1] > fences[0]
         again = _prepared_on(provider)
         assert len(again) == 2 and again <= prepared  # the take and the release, again
     finally:
@@ -103,10 +107,7 @@ def test_prepare_threshold_none_keeps_every_statement_unprepared(
     provider = DatabaseProvider(postgresql_server.url, pool_size=1,
                                 connect_args={"prepare_threshold": None})  # fmt: skip
     try:
-        for _ in range(10):  # past psycopg's own threshold (5) too
-            lease = provider.acquire(key, ttl=30)
-            assert lease is not None
-            provider.release(lease)
+        _fences_of_cycles(provider, key, 10)  # past psycopg's own threshold (5) too
         assert _prepared_on(provider) == set()
     finally:
         provider.close()
@@ -129,12 +130,7 @@ def test_psycopg2_statements_go_unprepared_where_the_server_forgets_them(
     provider = DatabaseProvider(postgresql_server.psycopg2_url, pool_size=1,
                                 connect_args={"connection_factory": _Forgetful})  # fmt: skip
     try:
-        fences = []
-        for _ in range(3):
-            lease = provider.acquire(key, ttl=30)
-            assert lease is not None
-            fences.append(lease.fence)
-            provider.release(lease)
+        fences = _fences_of_cycles(provider, key, 3)
         assert fences == sorted(set(fences))
         assert provider._release_sql.unkept  # type: ignore[attr-defined]  # then sent as text
     finally:
