@@ -14,7 +14,7 @@ from collections.abc import Callable, Sequence
 
 from locks.errors import BackendUnavailable, LockError
 from locks.holds import Hold, holds
-from locks.keeper import GONE, Attempt, Claim, Grant, LeaseKeeper, Renewal
+from locks.keeper import GONE, Attempt, Grant, LeaseKeeper, Renewal
 from locks.names import check_name
 from locks.owner import current_owner, new_token
 from locks.provider import Holder, Lease, LostCallback, MakesLocks
@@ -125,50 +125,37 @@ class ProviderBase(LeaseKeeper, MakesLocks, ABC):
         return attempt, None
 
     def release(self, lease: Lease) -> None:
-        claim = self._claim_release(lease)
-        if not claim.send:  # other levels live on: nothing to tell the server
-            self._released(lease, claim.expired)
-            return
-        owner = claim.hold.provider  # its connection made the grant
-        assert isinstance(owner, ProviderBase)
-        self._finish_release(lease, claim, owner._release, claim.hold.anchor)
+        self.start_release(lease)()
 
     def start_release(self, lease: Lease) -> Callable[[], None]:
         """`release` in two halves: the bookkeeping, and the request where the backend
         can split it, happen now; the call returned finishes (it raises what `release`
         would). A quorum releases on all its members from one thread this way."""
-        claim = self._claim_release(lease)
-        if not claim.send:
-            return functools.partial(self._released, lease, claim.expired)
-        hold = claim.hold
-        owner = hold.provider
+        state = lease.state
+        hold, retry, expired, send = self._claim_release(lease)
+        if not send:  # other levels live on: nothing to tell the server
+            return functools.partial(self._released, lease, expired)
+        owner = hold.provider  # its connection made the grant
         assert isinstance(owner, ProviderBase)
         try:
             read = owner._reporting(lease.key, owner._start_release, hold.anchor)
         except BaseException as error:  # nothing to read: the hold is over all the same
             if isinstance(error, BackendUnavailable):
-                lease.state.release_failed()  # it may have run: a retry is safe, same token
+                state.release_failed()  # it may have run: a retry is safe, under the same token
             owner._forget(hold)
             raise
-        return functools.partial(self._finish_release, lease, claim, read)
 
-    def _finish_release(
-        self, lease: Lease, claim: Claim, call: Callable[..., bool], *args: Lease
-    ) -> None:
-        """The release's server call (or the read of one sent already) and its outcome:
-        the hold is over, whatever the server answers. (`release` makes the call here
-        rather than through `start_release`: no closures on the hot path.)"""
-        hold = claim.hold
-        owner = hold.provider
-        assert isinstance(owner, ProviderBase)
-        try:
-            released = owner._reporting(lease.key, call, *args)
-        except BackendUnavailable:
-            lease.state.release_failed()  # it may have run: a retry is safe, same token
-            raise
-        finally:
-            owner._forget(hold)
-        self._released(lease, claim.expired, refused=not released, retried=claim.retry)
+        def finish() -> None:
+            try:
+                released = owner._reporting(lease.key, read)
+            except BackendUnavailable:
+                state.release_failed()
+                raise
+            finally:
+                owner._forget(hold)
+            self._released(lease, expired, refused=not released, retried=retry)
+
+        return finish
 
     def _start_release(self, lease: Lease) -> Callable[[], bool]:
         """Send the release of the grant `lease` anchors where the backend can split it;
