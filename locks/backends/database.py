@@ -315,13 +315,9 @@ class _PsycopgStatement(_Statement):
 
     @staticmethod
     def compiled(sql: str, dialect: Any) -> _PsycopgStatement:
-        named = sa.text(sql).compile(dialect=dialect)
-        numbered = sa.text(sql).compile(dialect=type(dialect)(paramstyle="numeric_dollar"))
-        text = numbered.string.encode()
-        return _PsycopgStatement(
-            named.string, (), True, False, prepared_as=b"locks_" + _digest(text),
-            numbered_sql=text, numbered=tuple(numbered.positiontup or ()),
-        )  # fmt: skip
+        named, numbered, order, name = _prepared_forms(sql, dialect)
+        return _PsycopgStatement(named, (), True, False, prepared_as=name.encode(),
+                                 numbered_sql=numbered.encode(), numbered=order)  # fmt: skip
 
     def run(self, connection: Any, params: dict[str, Any]) -> tuple[int, int, Any]:
         pgconn = connection.pgconn
@@ -330,8 +326,7 @@ class _PsycopgStatement(_Statement):
             return super().run(connection, params)
         values = [str(params[n]).encode() for n in self.numbered]
         result = pgconn.exec_prepared(self.prepared_as, values)
-        state = result.error_field(_SQLSTATE) if result.status == _FATAL_ERROR else None
-        if state == _NOT_PREPARED.encode():
+        if result.status == _FATAL_ERROR and result.error_field(_SQLSTATE) == _NOT_PREPARED_PQ:
             # not prepared on this connection yet (or deallocated since): once
             _settled(pgconn, pgconn.prepare(self.prepared_as, self.numbered_sql, None))
             result = pgconn.exec_prepared(self.prepared_as, values)
@@ -358,14 +353,11 @@ class _Psycopg2Statement(_Statement):
 
     @staticmethod
     def compiled(sql: str, dialect: Any) -> _Psycopg2Statement:
-        named = sa.text(sql).compile(dialect=dialect)
-        numbered = sa.text(sql).compile(dialect=type(dialect)(paramstyle="numeric_dollar"))
-        name = "locks_" + _digest(numbered.string.encode()).decode()
-        arguments = ", ".join(f"%({n})s" for n in numbered.positiontup or ())
+        named, numbered, order, name = _prepared_forms(sql, dialect)
+        arguments = ", ".join(f"%({n})s" for n in order)
         return _Psycopg2Statement(
             f"EXECUTE {name} ({arguments})" if arguments else f"EXECUTE {name}", (), True,
-            False, prepare_sql=f"PREPARE {name} AS {numbered.string}",
-            unprepared_sql=named.string,
+            False, prepare_sql=f"PREPARE {name} AS {numbered}", unprepared_sql=named,
         )  # fmt: skip
 
     def run(self, connection: Any, params: dict[str, Any]) -> tuple[int, int, Any]:
@@ -384,10 +376,18 @@ class _Psycopg2Statement(_Statement):
 
 
 _NOT_PREPARED = "26000"  # SQLSTATE invalid_sql_statement_name: no such prepared statement
+_NOT_PREPARED_PQ = _NOT_PREPARED.encode()  # as libpq's result reports it
 
 
-def _digest(text: bytes) -> bytes:
-    return hashlib.sha1(text, usedforsecurity=False).hexdigest()[:16].encode()
+def _prepared_forms(sql: str, dialect: Any) -> tuple[str, str, tuple[str, ...], str]:
+    """What both PostgreSQL drivers' statements are made of: the statement with named
+    parameters (as the driver quotes them), the same with $1, $2 (as PostgreSQL
+    prepares it), the parameters in the order of their numbers, and its name: the same
+    for the same text, on every connection and in every process."""
+    named = sa.text(sql).compile(dialect=dialect).string
+    numbered = sa.text(sql).compile(dialect=type(dialect)(paramstyle="numeric_dollar"))
+    digest = hashlib.sha1(numbered.string.encode(), usedforsecurity=False).hexdigest()[:16]
+    return named, numbered.string, tuple(numbered.positiontup or ()), f"locks_{digest}"
 
 
 # libpq's result status and error field, as psycopg's `pq` numbers them
