@@ -31,6 +31,7 @@ from locks.errors import BackendError
 from locks.events import Event, EventKind, add_observer, remove_observer
 from locks.owner import current_owner
 from tests import workers
+from tests.forks import in_forked_child
 from tests.ports import free_port
 from tests.servers import RedisServer
 from tests.servers.redis_masters import RedisMaster
@@ -319,6 +320,123 @@ def test_every_waiter_of_a_process_is_woken_by_its_neighbours_releases(
     assert order[-1] - released < 3  # three hand-offs, none waited out the 30 s PTTL
     # what is left of the waiters' set expires within their wait (20 s) plus a second
     assert admin.pttl(provider._keys(key).waiters) <= 21_000
+
+
+def _attempts_by_thread(
+    provider: _RedisProviderBase, monkeypatch: pytest.MonkeyPatch, fail: BaseException | None = None
+) -> list[str]:
+    """The names of the threads that send claimed attempts from now on; with `fail`,
+    each of those sends raises it instead."""
+    senders: list[str] = []
+    real = provider._try_later
+
+    def try_later(*args: Any, **kwargs: Any) -> Any:
+        senders.append(threading.current_thread().name)
+        if fail is not None:
+            raise fail
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(provider, "_try_later", try_later)
+    return senders
+
+
+def test_a_release_hands_over_to_its_own_waiter_from_the_releasing_thread(
+    provider: _RedisProviderBase, admin: redis.Redis, key: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A release with a waiter of its own process on the lock publishes nothing to it:
+    the releasing thread sends the waiter's next attempt the moment its reply is in
+    (the subscriber would hear of it a message later). No other process waits, so the
+    release publishes nothing at all."""
+    lease = provider.acquire(key, ttl=30)
+    assert lease is not None
+    senders = _attempts_by_thread(provider, monkeypatch)
+    before = _publishes(admin)
+    assert woken_after(provider, lease, provider) < 1  # not the 30 s ttl
+    assert _publishes(admin) == before
+    assert senders == [threading.current_thread().name]
+
+
+def test_an_interrupted_hand_over_leaves_the_waiter_to_try_itself(
+    provider: _RedisProviderBase, key: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A signal's handler raising in the releasing thread while it sends its waiter's
+    attempt: the release is done, the interrupt reaches the caller, and the waiter,
+    claimed for an attempt that never went out, is told to try itself (not left to
+    wait for a result that never comes)."""
+    lease = provider.acquire(key, ttl=30)
+    assert lease is not None
+    granted: list[Lease | None] = []
+    waiter = threading.Thread(target=lambda: granted.append(provider.acquire(key, ttl=30, wait=20)))
+    waiter.start()
+    time.sleep(0.3)  # asleep on the holder's 30 s pttl
+    senders = _attempts_by_thread(provider, monkeypatch, fail=KeyboardInterrupt())
+    with pytest.raises(KeyboardInterrupt):
+        provider.release(lease)
+    monkeypatch.undo()
+    waiter.join(5)
+    assert senders == [threading.current_thread().name]
+    assert granted and granted[0] is not None, "the claimed waiter never tried again"
+    provider.release(granted[0])
+
+
+def test_a_release_in_doubt_still_wakes_its_own_waiter(
+    provider: _RedisProviderBase, key: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A release whose reply is lost may have run, and a release that hands over
+    publishes nothing to its own process: its waiter is woken to look for itself, not
+    left to the holder's 30 s pttl."""
+    lease = provider.acquire(key, ttl=30)
+    assert lease is not None
+    real = provider._send
+
+    def send_then_lose(*args: Any, **kwargs: Any) -> Any:
+        read = real(*args, **kwargs)
+        assert read is not None
+
+        def lost() -> Any:
+            read()  # it ran: the reply is lost on the way back
+            raise provider._error(redis.ConnectionError("reply lost"), key=key)
+
+        return lost
+
+    granted: list[float] = []
+
+    def wait_for_it() -> None:
+        other = provider.acquire(key, ttl=30, wait=20)
+        granted.append(time.monotonic())
+        assert other is not None
+        provider.release(other)
+
+    waiter = threading.Thread(target=wait_for_it)
+    waiter.start()
+    time.sleep(0.3)
+    monkeypatch.setattr(provider, "_send", send_then_lose)
+    released = time.monotonic()
+    with pytest.raises(BackendUnavailable):
+        provider.release(lease)
+    monkeypatch.undo()
+    waiter.join(25)
+    assert granted and granted[0] - released < 1
+
+
+def test_a_forked_child_never_hands_over_to_its_parents_waiters(
+    provider: _RedisProviderBase, key: str
+) -> None:
+    """A child's copy of the notifier counts its parent's waiting threads, which do not
+    exist in the child: a release there must not claim one (its grant would be held by
+    nobody until its ttl)."""
+    lease = provider.acquire(key, ttl=30)
+    assert lease is not None
+    waiter = threading.Thread(target=lambda: provider.acquire(key, ttl=30, wait=2))
+    waiter.start()
+    time.sleep(0.3)
+    lock = provider._keys(key).lock
+    try:
+        assert provider._notifier.waits_on(lock)
+        assert in_forked_child(lambda: [not provider._notifier.waits_on(lock)]) == [True]
+    finally:
+        provider.release(lease)
+        waiter.join(5)
 
 
 def test_a_release_wakes_at_most_two_processes_and_each_waiter_gets_its_turn(

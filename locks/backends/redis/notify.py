@@ -9,9 +9,10 @@ every one that waits. The subscriber thread then sends the next attempt of the
 longest-sleeping waiter on that key itself and wakes it to read the reply (the thread
 switch overlaps the round trip); a waiter that leaves with a wake-up it did not use
 passes it on to its process's next waiter. A release by a process with waiters
-of its own on the lock wakes that process first, through its own channel (the
-subscriber's claimed attempt is the fastest hand-off); an operator's break here wakes
-them directly (`wake_local`).
+of its own on the lock serves them first: the releasing thread sends the next one's
+attempt itself the moment its reply is in (`hand_over`; nothing is published to its
+own channel), a message and a thread's wake-up sooner than the subscriber could; an
+operator's break here wakes them directly (`wake_local`).
 
 A wake-up that finds no waiter (it came between a try that marked the set and its
 waiter being counted here, or its waiters have left) is kept for a moment: a waiter
@@ -285,8 +286,9 @@ class ReleaseNotifier:
         _discard(unread)  # its thread was interrupted before it read a reply
 
     def waits_on(self, lock: str) -> bool:
-        """Whether a waiter of this process waits on `lock` (a hint, without the lock)."""
-        return bool(self._waiters) and lock in self._waiters
+        """Whether a waiter of this process waits on `lock` (a hint, without the lock;
+        never in a forked child, whose copy counts its parent's threads)."""
+        return bool(self._waiters) and lock in self._waiters and self._pid == os.getpid()
 
     def wake_local(self, lock: str) -> None:
         """`lock` was freed here without a release (an operator's break): its
@@ -338,31 +340,46 @@ class ReleaseNotifier:
         elif kind in (b"subscribe", "subscribe"):
             self._subscribed.set()
 
-    def _released(self, lock: str) -> None:
-        """Send (or run) the next attempt of the longest-sleeping waiter on `lock`."""
+    def hand_over(self, lock: str) -> None:
+        """`lock` was just released on this thread, by a release that was told to
+        publish nothing to this process (its waiters on `lock` are woken from here):
+        what the subscriber does on a release's message, without waiting for one. A
+        wake-up nobody here takes goes on to the next process at once."""
+        if self._released(lock, here=True):
+            try:
+                self._pass_on(lock)
+            except Exception as exc:  # they find out by themselves, at their pttl
+                logger.debug("passing a wake-up on for %s failed: %s", lock, exc)
+
+    def _released(self, lock: str, *, here: bool = False) -> bool:
+        """Send (or run) the next attempt of the longest-sleeping waiter on `lock`. True
+        if no waiter here could use it (kept a moment for one counted meanwhile, and
+        passed on: by the caller when `here`, else by the subscriber later)."""
         with self._lock:
             queue = self._waiters.get(lock)
             if not queue:
-                self._unclaimed[lock] = (time.monotonic(), False)
-                return
+                self._unclaimed[lock] = (time.monotonic(), here)
+                return True
             target = next((w for w in queue if w._state == _SLEEPING), None)
             if target is None:  # all are trying already; the first tries once more
                 queue[0]._pending = True
-                return
+                return False
             target._state = _CLAIMED
-        result: Any
+        result: Any = NO_RESULT
         try:
             result = target._attempt()
         except Exception as exc:  # the waiter raises it: it may say the lock was taken
             result = _Failure(exc)
-        with self._lock:
-            queue = self._waiters.get(lock)
-            kept = queue is not None and target in queue
-            if kept:
-                target._result = result
-                target._woken.set()
-        if not kept:  # it left meanwhile (interrupted): nobody reads this reply
-            _discard(result)
+        finally:  # interrupted (the releasing thread's signal): the waiter tries itself
+            with self._lock:
+                queue = self._waiters.get(lock)
+                kept = queue is not None and target in queue
+                if kept:
+                    target._result = result
+                    target._woken.set()
+            if not kept:  # it left meanwhile (interrupted): nobody reads this reply
+                _discard(result)
+        return False
 
     def _pass_unclaimed(self) -> None:
         """Pass on the wake-ups nobody took within `_CLAIM_FOR`; forget them, passed on,

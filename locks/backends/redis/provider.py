@@ -303,20 +303,40 @@ class _RedisProviderBase(Algorithm, ProviderBase):
 
         return grant
 
-    def _release_args(self, keys: Keys, lease: Lease) -> list[Any]:
+    def _release_args(self, keys: Keys, lease: Lease, *, hand_over: bool = False) -> list[Any]:
         """The release script's ARGV: with this provider's channel when it has waiters
-        of its own on the lock, so that the release wakes them first."""
+        of its own on the lock, so that the release wakes them first; `hand_over`: the
+        releasing thread is to wake them itself (`ReleaseNotifier.hand_over`), which
+        the ARGV then says in its third place."""
         notifier = self._notifier
-        local = notifier.channel if notifier.waits_on(keys.lock) else ""
-        return [self._value(lease.owner, lease.token), local]
+        if not notifier.waits_on(keys.lock):
+            return [self._value(lease.owner, lease.token), ""]
+        return [self._value(lease.owner, lease.token), notifier.channel, "1" if hand_over else ""]
 
     def _start_release(self, lease: Lease) -> Callable[[], bool]:
         keys = self._keys(lease.key)
-        args = self._release_args(keys, lease)
+        args = self._release_args(keys, lease, hand_over=True)
         read = self._send(self.release_script, [keys.lock], args, lease.key)
         if read is None:
             return super()._start_release(lease)
-        return lambda: bool(read() == 1)
+        if args[-1] != "1":
+            return lambda: bool(read() == 1)
+        notifier = self._notifier
+
+        def released() -> bool:
+            """The release's reply, then this process's next waiter's attempt sent from
+            here: its subscriber would hear of the release a message later, and only
+            then send it."""
+            try:
+                done = bool(read() == 1)
+            except BaseException:  # it may have run, and told no waiter here
+                notifier.wake_local(keys.lock)
+                raise
+            if done:
+                notifier.hand_over(keys.lock)
+            return done
+
+        return released
 
     def splits(self) -> bool:
         """On one server or behind Sentinel, without `sync_replicas` (a WAIT must follow

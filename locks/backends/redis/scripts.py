@@ -22,8 +22,8 @@ drops the scores that have passed and pops the two lowest, publishing the lock's
 each channel: it wakes a bounded few processes, never the herd, and two, so that one
 that died since it marked cannot take the only wake-up with it. A release finding no
 set publishes nothing. A grant removes the caller's channel; a release by a process
-with waiters of its own on the lock wakes that process first, through its channel, and
-one other. A process woken with nobody left to wake passes the wake-up on (`PASS_ON`).
+with waiters of its own on the lock wakes that process first (through its channel, or
+by telling it to wake them itself), and one other. A process woken with nobody left to wake passes the wake-up on (`PASS_ON`).
 The set (`<lock key>:waiters`) is not among a script's KEYS: it shares the lock's hash
 tag, so it lives on the lock's node, and usually it does not exist — declared, it would
 turn every call during a Cluster slot migration into TRYAGAIN (some keys moved, some
@@ -129,13 +129,15 @@ _WAKE = _wake(2)
 
 # A release: a releasing process with waiters of its own on the lock (ARGV[2], its
 # channel; '' for none) is woken first, and one other process with it; else two others.
-# Its own subscriber then runs its next waiter's attempt at once (the fastest hand-off
-# within a process), and the process is never woken twice for one release.
+# Its own subscriber then runs its next waiter's attempt at once, and the process is
+# never woken twice for one release. ARGV[3] = '1': the releasing thread sends that
+# attempt itself the moment the reply is in (the fastest hand-off within a process), so
+# nothing is published to it.
 _RELEASE_WAKE = (
     """
   if ARGV[2] ~= '' then
     redis.call('ZREM', KEYS[1] .. ':waiters', ARGV[2])
-    redis.call('PUBLISH', ARGV[2], KEYS[1])
+    if ARGV[3] ~= '1' then redis.call('PUBLISH', ARGV[2], KEYS[1]) end
 """
     + _wake(1)
     + """
@@ -178,8 +180,9 @@ end
     + _HELD
 )
 
-# KEYS: lock.  ARGV: value, the releaser's channel if it wakes waiters of its own ('').
-# Returns 1 if released, 0 if not held under value.
+# KEYS: lock.  ARGV: value, the releaser's channel if it wakes waiters of its own (''),
+# '1' if it hands over to them itself (optional).  Returns 1 if released, 0 if not held
+# under value.
 PLAIN_RELEASE = (
     """
 if redis.pcall('GET', KEYS[1]) == ARGV[1] then
@@ -227,8 +230,9 @@ return fence
 """
 )
 
-# KEYS: lock.  ARGV: token, the releaser's channel if it wakes waiters of its own ('').
-# Returns 1 if released, 0 if not held under token.
+# KEYS: lock.  ARGV: token, the releaser's channel if it wakes waiters of its own (''),
+# '1' if it hands over to them itself (optional).  Returns 1 if released, 0 if not held
+# under token.
 HASH_RELEASE = (
     """
 if redis.pcall('HGET', KEYS[1], '~token') == ARGV[1] then
