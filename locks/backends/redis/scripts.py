@@ -23,7 +23,8 @@ each channel: it wakes a bounded few processes, never the herd, and two, so that
 that died since it marked cannot take the only wake-up with it. A release finding no
 set publishes nothing. A grant removes the caller's channel; a release by a process
 with waiters of its own on the lock wakes that process first (through its channel, or
-by telling it to wake them itself), and one other. A process woken with nobody left to wake passes the wake-up on (`PASS_ON`).
+by telling it to wake them itself), and one other. A process woken with nobody left to
+wake passes the wake-up on (`PASS_ON`).
 The set (`<lock key>:waiters`) is not among a script's KEYS: it shares the lock's hash
 tag, so it lives on the lock's node, and usually it does not exist — declared, it would
 turn every call during a Cluster slot migration into TRYAGAIN (some keys moved, some
