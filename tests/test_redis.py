@@ -24,6 +24,7 @@ from redis.crc import key_slot
 from locks import BackendUnavailable, FallbackChain, Lease, LockError, LockNotOwned
 from locks.backends import LocalProvider, RedisHashProvider, RedisProvider
 from locks.backends.redis import notify, scripts
+from locks.backends.redis import pool as redis_pool
 from locks.backends.redis.notify import Later, _discard
 from locks.backends.redis.provider import _RedisProviderBase
 from locks.backends.redis.scripts import Script, acl_rule
@@ -912,6 +913,55 @@ def test_an_interrupt_just_after_a_send_never_leaves_its_reply_to_the_next_call(
     finally:
         provider.close()
         other.close()
+
+
+def test_connections_the_server_closed_while_idle_are_made_anew(
+    provider: _RedisProviderBase, admin: redis.Redis, key: str
+) -> None:
+    """Redis closes idle clients (its `timeout`, a CLIENT KILL, a restart): the pool's
+    checkout sees the closed socket and connects again, so the next acquire succeeds
+    instead of reporting Redis down (a chain would fail over for nothing)."""
+    lease = provider.acquire(key, ttl=30)
+    assert lease is not None
+    provider.release(lease)  # its connection idles in the pool
+    assert admin.client_kill_filter(_type="normal", skipme=True) >= 1
+    for _ in range(3):
+        lease = provider.acquire(key, ttl=30)
+        assert lease is not None
+        provider.release(lease)
+
+
+def test_the_pool_takes_redis_pys_own_path_while_its_metrics_are_on(
+    redis_server: RedisServer, key: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The checkout without redis-py's connection metrics is only taken while they are
+    off: a user who turned them on sees every checkout of ours counted."""
+    provider = RedisProvider(redis_server.url)
+    try:
+        pool = cast(Any, provider.topology.client()).connection_pool
+        counted: list[str] = []
+        real = type(pool)._counted
+
+        def counting(self: Any, *args: Any, **kwargs: Any) -> Any:
+            counted.append("checkout")
+            return real(self, *args, **kwargs)
+
+        monkeypatch.setattr(type(pool), "_counted", counting)
+        lease = provider.acquire(key, ttl=30)  # the first connection is made: counted
+        assert lease is not None
+        provider.release(lease)
+        made = len(counted)
+        lease = provider.acquire(key, ttl=30)
+        assert lease is not None
+        provider.release(lease)
+        assert len(counted) == made  # metrics off: our own checkout
+        monkeypatch.setattr(redis_pool, "_metrics_recorded", lambda: True)
+        lease = provider.acquire(key, ttl=30)
+        assert lease is not None
+        provider.release(lease)
+        assert len(counted) > made
+    finally:
+        provider.close()
 
 
 def test_a_waiter_whose_sleep_ended_is_never_claimed_once_it_tries_itself() -> None:
