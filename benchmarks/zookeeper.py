@@ -10,7 +10,10 @@ peers, a peer lock object is made per acquire, as `with client.Lock(path):` does
 a kazoo `Lock` reused across acquires costs the same round trips (it looks for a
 node it may have left behind instead of making sure of its parent path). The floor:
 raw kazoo, an ephemeral node created to take a name and deleted to give it back (it
-only spins to wait, so no hand-off is reported). Writes `RATIOS` to
+only spins to wait, so no hand-off is reported). And bare kazoo sending a cycle's own
+requests (`replay_ours`: what the provider sends, with the library left out), the floor
+that says how much of a cycle is ours: the queue's create is sequential and needs a
+listing, which the raw floor does not send. Writes `RATIOS` to
 benchmarks/results/zookeeper.json.
 """
 
@@ -30,9 +33,11 @@ from tests.servers import ZooKeeperServer
 
 PEER = "kazoo Lock"
 RAW = "raw kazoo create + delete"
+REPLAY = "bare kazoo, our create + listing + delete"
 OURS = "fallback-locks zookeeper"
 RATIOS = (
     Ratio("zookeeper/zookeeper-vs-kazoo-create-delete", OURS, RAW),
+    Ratio("zookeeper/zookeeper-vs-bare-kazoo-our-requests", OURS, REPLAY),
     Ratio("zookeeper/zookeeper-vs-kazoo-lock", OURS, PEER),
     Ratio("zookeeper/zookeeper-handoff-vs-kazoo-lock", OURS, PEER, handoff=True),
 )
@@ -57,6 +62,32 @@ def raw_create_delete(hosts: str) -> Contender:
         client.close()
 
     return Contender(RAW, acquire, client.delete, close)
+
+
+def replay_ours(hosts: str) -> Contender:
+    """A cycle's requests as the provider sends them on a free lock, through bare kazoo:
+    an ephemeral-sequential child with the owner as its data, the parent's children
+    listed right behind it (the reply waited for first: ZooKeeper answers in order),
+    and the child deleted. No queue to wait in, so no hand-off."""
+    client = KazooClient(hosts=hosts)
+    client.start()
+    parents: set[str] = set()  # made once, as the provider's parent stays
+
+    def acquire(key: str) -> Any:
+        parent = f"/bench-replay/{key}"
+        if parent not in parents:
+            client.ensure_path(parent)
+            parents.add(parent)
+        created = client.create_async(f"{parent}/n-", b"owner", ephemeral=True, sequence=True)
+        listed = client.get_children_async(parent)
+        listed.get()
+        return created.get()
+
+    def close() -> None:
+        client.stop()
+        client.close()
+
+    return Contender(REPLAY, acquire, client.delete, close)
 
 
 def kazoo_lock(hosts: str) -> Contender:
@@ -91,6 +122,7 @@ def main(argv: list[str] | None = None) -> int:
     def contenders(server: ZooKeeperServer) -> list[Contender]:
         return [
             raw_create_delete(server.hosts),
+            replay_ours(server.hosts),
             kazoo_lock(server.hosts),
             tooz_kazoo(server.hosts),
             provider_contender(ZooKeeperProvider(server.hosts), OURS),
@@ -105,7 +137,7 @@ def main(argv: list[str] | None = None) -> int:
         contenders=contenders,
         baseline=PEER,
         ratios=RATIOS,
-        no_handoff=[RAW],  # it only spins
+        no_handoff=[RAW, REPLAY],  # they never wait in a queue
     )
 
 
