@@ -389,10 +389,14 @@ def test_a_release_in_doubt_still_wakes_its_own_waiter(
     lease = provider.acquire(key, ttl=30)
     assert lease is not None
     real = provider._send
+    armed: list[bool] = []  # the next send loses its reply (the holder's release)
 
     def send_then_lose(*args: Any, **kwargs: Any) -> Any:
         read = real(*args, **kwargs)
         assert read is not None
+        if not armed:
+            return read
+        armed.clear()
 
         def lost() -> Any:
             read()  # it ran: the reply is lost on the way back
@@ -400,24 +404,17 @@ def test_a_release_in_doubt_still_wakes_its_own_waiter(
 
         return lost
 
-    granted: list[float] = []
-
-    def wait_for_it() -> None:
-        other = provider.acquire(key, ttl=30, wait=20)
-        granted.append(time.monotonic())
-        assert other is not None
-        provider.release(other)
-
-    waiter = threading.Thread(target=wait_for_it)
-    waiter.start()
-    time.sleep(0.3)
     monkeypatch.setattr(provider, "_send", send_then_lose)
-    released = time.monotonic()
-    with pytest.raises(BackendUnavailable):
-        provider.release(lease)
-    monkeypatch.undo()
-    waiter.join(25)
-    assert granted and granted[0] - released < 1
+
+    class LosingItsReply:
+        """The holder's side of `woken_after`: its release runs, and its reply is lost."""
+
+        def release(self, held: Lease) -> None:
+            armed.append(True)
+            with pytest.raises(BackendUnavailable):
+                provider.release(held)
+
+    assert woken_after(cast(Any, LosingItsReply()), lease, provider) < 1
 
 
 def test_a_forked_child_never_hands_over_to_its_parents_waiters(
