@@ -7,12 +7,13 @@ every get and put: ~4 µs of an uncontended Redis cycle (about 1.5 %) on a 2-cor
 against the plain pool's list. `FreeConnections` is the part of `LifoQueue` the pool
 uses, with a bare lock on the way through and the condition only for a thread that
 must wait. Its `get_connection` and `release` also record redis-py's connection metrics
-(four counter updates and a pool name formatted per checkout, ~2.7 µs of the ~6.8 a
+(four counter updates and a pool name formatted per checkout, ~2 µs of the ~7 a
 checkout and return cost): while those metrics are off (redis-py's OpenTelemetry
 support, opt-in) `BlockingPool` takes a connection and gives it back without them,
-with the same checks (fork, a connection with data waiting, a pool that no longer owns
-it); anything unusual (maintenance, client-side caching, a connection still to make)
-goes through redis-py's own path.
+with the same checks (fork, a socket the server closed, data waiting where the server
+does not push, a pool that no longer owns the connection); anything unusual
+(maintenance, client-side caching, a connection still to make) goes through redis-py's
+own path.
 """
 
 from __future__ import annotations
