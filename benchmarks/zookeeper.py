@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import sys
 import uuid
+from collections.abc import Callable
 from typing import Any
 
 from kazoo.client import KazooClient
@@ -43,9 +44,20 @@ RATIOS = (
 )
 
 
-def raw_create_delete(hosts: str) -> Contender:
+def _started(hosts: str) -> tuple[KazooClient, Callable[[], None]]:
+    """A kazoo client of a contender's own, started, and what stops and closes it."""
     client = KazooClient(hosts=hosts)
     client.start()
+
+    def close() -> None:
+        client.stop()
+        client.close()
+
+    return client, close
+
+
+def raw_create_delete(hosts: str) -> Contender:
+    client, close = _started(hosts)
     client.ensure_path("/bench-raw")
 
     def acquire(key: str) -> Any:
@@ -57,10 +69,6 @@ def raw_create_delete(hosts: str) -> Contender:
             except NodeExistsError:
                 pass  # spin: only the uncontended figure of this floor is reported
 
-    def close() -> None:
-        client.stop()
-        client.close()
-
     return Contender(RAW, acquire, client.delete, close)
 
 
@@ -69,8 +77,7 @@ def replay_ours(hosts: str) -> Contender:
     an ephemeral-sequential child with the owner as its data, the parent's children
     listed right behind it (the reply waited for first: ZooKeeper answers in order),
     and the child deleted. No queue to wait in, so no hand-off."""
-    client = KazooClient(hosts=hosts)
-    client.start()
+    client, close = _started(hosts)
     parents: set[str] = set()  # made once, as the provider's parent stays
 
     def acquire(key: str) -> Any:
@@ -83,25 +90,16 @@ def replay_ours(hosts: str) -> Contender:
         listed.get()
         return created.get()
 
-    def close() -> None:
-        client.stop()
-        client.close()
-
     return Contender(REPLAY, acquire, client.delete, close)
 
 
 def kazoo_lock(hosts: str) -> Contender:
-    client = KazooClient(hosts=hosts)
-    client.start()
+    client, close = _started(hosts)
 
     def acquire(key: str) -> Any:
         lock = client.Lock(f"/bench-kazoo/{key}")
         assert lock.acquire(timeout=30)
         return lock
-
-    def close() -> None:
-        client.stop()
-        client.close()
 
     return Contender(PEER, acquire, lambda lock: lock.release(), close)
 
